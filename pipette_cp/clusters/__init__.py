@@ -1,0 +1,1 @@
+"""Cluster construction (expansion, generators) and bandwidth statistics."""

@@ -1,0 +1,150 @@
+"""The cluster: nodes, GPUs, NICs and the measured GPU-to-GPU bandwidth matrix."""
+
+from __future__ import annotations
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from pipette_cp.specs._base import FrozenSpec, Matrix
+from pipette_cp.specs.gpu import GpuSpec
+from pipette_cp.units import GB
+
+
+class ClusterSpec(FrozenSpec):
+    """N nodes x G GPUs and the bandwidth every ordered GPU pair delivers.
+
+    GPU ``g`` lives on node ``g // gpus_per_node`` (local index
+    ``g % gpus_per_node``); ``bandwidth_bytes_per_s[i, j]`` is what one
+    point-to-point stream from GPU i to GPU j achieves (it may differ from
+    ``[j, i]``).  An off-diagonal 0 marks a failed or unmeasured pair: it is
+    never used silently.  The diagonal is meaningless and stored as 0.
+    """
+
+    name: str = Field(default="cluster", description="Identifier of this cluster or snapshot.")
+    num_nodes: int = Field(gt=0, description="Number of servers.")
+    gpus_per_node: int = Field(gt=0, description="GPUs in every server.")
+    gpu_types: dict[str, GpuSpec] = Field(
+        description="The GPU types present, by name (usually just one)."
+    )
+    node_gpu_types: tuple[str, ...] = Field(
+        description="GPU type name of each node (a key of gpu_types); mixed types are allowed."
+    )
+    node_names: tuple[str, ...] = Field(description="Host name of each node, in hostfile order.")
+    node_groups: tuple[int, ...] | None = Field(
+        default=None,
+        description="Switch group (leaf, pod) of each node, if known; used for statistics only.",
+    )
+    nics_per_node: int = Field(gt=0, description="Inter-node NICs per server.")
+    nic_bandwidth_bytes_per_s: float = Field(
+        gt=0, description="What one NIC delivers in one direction under load, bytes/s."
+    )
+    bandwidth_bytes_per_s: Matrix = Field(
+        description="GPU x GPU point-to-point bandwidth, bytes/s; off-diagonal 0 = failed pair."
+    )
+    intra_node_latency_s: float = Field(
+        default=5e-6, ge=0, description="Start-up latency of one intra-node transfer, s."
+    )
+    inter_node_latency_s: float = Field(
+        default=10e-6, ge=0, description="Start-up latency of one inter-node transfer, s."
+    )
+    source: str = Field(default="", description="Where the numbers come from (measurement, generator).")
+
+    @model_validator(mode="after")
+    def _node_lists_match(self) -> ClusterSpec:
+        for field in ("node_gpu_types", "node_names", "node_groups"):
+            values = getattr(self, field)
+            if values is not None and len(values) != self.num_nodes:
+                raise ValueError(f"{field} has {len(values)} entries for num_nodes={self.num_nodes}")
+        unknown = sorted(set(self.node_gpu_types) - set(self.gpu_types))
+        if unknown:
+            raise ValueError(f"node_gpu_types names {unknown} missing from gpu_types")
+        if len(set(self.node_names)) != self.num_nodes:
+            raise ValueError("node_names must be distinct")
+        return self
+
+    @model_validator(mode="after")
+    def _matrix_is_sane(self) -> ClusterSpec:
+        matrix = self.bandwidth_bytes_per_s
+        n = self.num_gpus
+        if matrix.shape != (n, n):
+            raise ValueError(
+                f"bandwidth matrix is {matrix.shape[0]}x{matrix.shape[1]} but the cluster has "
+                f"{self.num_nodes} nodes x {self.gpus_per_node} GPUs = {n} GPUs"
+            )
+        if not np.isfinite(matrix).all():
+            i, j = np.argwhere(~np.isfinite(matrix))[0]
+            raise ValueError(f"bandwidth[{i}][{j}]={matrix[i, j]} is not a finite number")
+        if (matrix < 0).any():
+            i, j = np.argwhere(matrix < 0)[0]
+            raise ValueError(f"bandwidth[{i}][{j}]={matrix[i, j]} is negative")
+        if np.diagonal(matrix).any():
+            fixed = matrix.copy()
+            np.fill_diagonal(fixed, 0.0)
+            fixed.flags.writeable = False
+            object.__setattr__(self, "bandwidth_bytes_per_s", fixed)
+        self._check_no_isolated_node()
+        return self
+
+    def _check_no_isolated_node(self) -> None:
+        if self.num_nodes < 2:
+            return
+        ok = self.bandwidth_bytes_per_s > 0
+        for node in range(self.num_nodes):
+            rows = self.gpus_of_node(node)
+            outside = np.ones(self.num_gpus, dtype=bool)
+            outside[rows] = False
+            if not (ok[np.ix_(rows, outside)].any() and ok[np.ix_(outside, rows)].any()):
+                raise ValueError(
+                    f"node {node} ({self.node_names[node]}) has every inter-node link failed; "
+                    "drop it from the cluster"
+                )
+
+    # ----------------------------------------------------------------- helpers
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    def node_of(self, gpu: int) -> int:
+        """Node holding ``gpu``."""
+        return gpu // self.gpus_per_node
+
+    def gpus_of_node(self, node: int) -> range:
+        """GPU indices of ``node``."""
+        return range(node * self.gpus_per_node, (node + 1) * self.gpus_per_node)
+
+    def gpu_of_node(self, node: int) -> GpuSpec:
+        """GPU type installed in ``node``."""
+        return self.gpu_types[self.node_gpu_types[node]]
+
+    @property
+    def failed_mask(self) -> np.ndarray:
+        """Boolean GPU x GPU matrix, True where an off-diagonal pair has failed."""
+        mask = self.bandwidth_bytes_per_s <= 0
+        np.fill_diagonal(mask, False)
+        return mask
+
+    def failed_pairs(self) -> list[tuple[int, int]]:
+        """Ordered GPU pairs (i, j), i != j, that must not carry traffic."""
+        return [(int(i), int(j)) for i, j in np.argwhere(self.failed_mask)]
+
+    def node_matrix(self) -> np.ndarray:
+        """Node x node bandwidth: the mean over the healthy GPU pairs of each node pair
+        (0 where all failed); the diagonal holds the mean intra-node bandwidth."""
+        g, n = self.gpus_per_node, self.num_nodes
+        blocks = self.bandwidth_bytes_per_s.reshape(n, g, n, g).transpose(0, 2, 1, 3)
+        healthy = blocks > 0
+        counts = healthy.sum(axis=(2, 3))
+        sums = np.where(healthy, blocks, 0.0).sum(axis=(2, 3))
+        return np.divide(sums, counts, out=np.zeros((n, n)), where=counts > 0)
+
+    @property
+    def is_homogeneous(self) -> bool:
+        return len(set(self.node_gpu_types)) == 1
+
+    def describe(self) -> str:
+        """One line: '16 x 8 A100-SXM4-80GB, 4 NICs x 25 GB/s'."""
+        types = "+".join(sorted(set(self.node_gpu_types)))
+        return (
+            f"{self.num_nodes} x {self.gpus_per_node} {types}, "
+            f"{self.nics_per_node} NICs x {self.nic_bandwidth_bytes_per_s / GB:.1f} GB/s"
+        )

@@ -1,0 +1,37 @@
+"""A benchmark instance: model + cluster + training + search space (+ best known)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from pipette_cp.specs._base import FrozenSpec
+from pipette_cp.specs.cluster import ClusterSpec
+from pipette_cp.specs.model import ModelSpec
+from pipette_cp.specs.training import SearchSpace, TrainingSpec
+
+
+class BestKnown(FrozenSpec):
+    """The best objective known for an instance, and who found it."""
+
+    iteration_time_s: float = Field(gt=0, description="Best predicted iteration time, s.")
+    method: str = Field(description="Method that found it.")
+    layout: str = Field(default="", description="Plan.layout() of that plan.")
+    proven_optimal: bool = Field(default=False, description="Whether a solver proved it optimal.")
+    package_version: str = Field(default="", description="pipette_cp version that measured it.")
+
+
+class Instance(FrozenSpec):
+    """Everything needed to choose a layout."""
+
+    name: str = Field(description="Instance identifier (file stem).")
+    description: str = Field(default="", description="What this instance exercises.")
+    family: str = Field(
+        default="", description="Instance family for reports (healthy, degraded, real, ...)."
+    )
+    model: ModelSpec = Field(description="The model trained.")
+    cluster: ClusterSpec = Field(description="The cluster it runs on.")
+    training: TrainingSpec = Field(description="Batch, sequence, precision, optimizer.")
+    search_space: SearchSpace = Field(
+        default_factory=SearchSpace, description="Allowed values of the layout knobs."
+    )
+    best_known: BestKnown | None = Field(default=None, description="Best objective known so far.")

@@ -1,0 +1,118 @@
+"""A training layout (the answer) and its evaluation."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from pipette_cp.specs._base import FrozenSpec
+from pipette_cp.specs.training import Recompute
+
+
+class Evaluation(FrozenSpec):
+    """What the cost model predicts for a plan (filled by ``pipette_cp.cost``).
+
+    MFU counts model FLOPs only (6 N per token plus attention, no recompute);
+    HFU also counts the recomputed forward passes.
+    """
+
+    iteration_time_s: float = Field(ge=0, description="Predicted time of one optimizer step, s.")
+    tokens_per_s: float = Field(ge=0, description="Global batch tokens / iteration time.")
+    model_tflops_per_gpu: float = Field(ge=0, description="Model FLOP/s per GPU / 1e12 (no recompute).")
+    hardware_tflops_per_gpu: float = Field(ge=0, description="Executed FLOP/s per GPU / 1e12.")
+    mfu: float = Field(ge=0, description="Model FLOPs utilisation (fraction of peak).")
+    hfu: float = Field(ge=0, description="Hardware FLOPs utilisation (fraction of peak).")
+    memory_bytes_by_stage: tuple[float, ...] = Field(
+        description="Peak memory of the most loaded GPU of each pipeline stage, bytes."
+    )
+    memory_bytes_max: float = Field(ge=0, description="Largest peak memory over all GPUs, bytes.")
+    memory_limit_bytes: float = Field(ge=0, description="Usable memory of the smallest GPU used, bytes.")
+    fits: bool = Field(description="Whether every GPU's predicted peak is within its limit.")
+    breakdown_s: dict[str, float] = Field(
+        default_factory=dict,
+        description="Iteration time by cause (compute, bubble, pp_comm, dp_comm, tp_comm, "
+        "optimizer, ...), s.",
+    )
+    model: str = Field(default="analytic", description="Which predictor made this (analytic, simulator).")
+
+
+class SolveInfo(FrozenSpec):
+    """How the plan was found: the solver's own report."""
+
+    method: str = Field(description="Method name from the solver registry, e.g. 'cpsat'.")
+    status: str = Field(description="optimal, feasible, infeasible, timeout, heuristic.")
+    objective: float | None = Field(default=None, description="Solver objective value, s.")
+    bound: float | None = Field(default=None, description="Best proven lower bound, s.")
+    gap: float | None = Field(default=None, ge=0, description="(objective - bound) / objective.")
+    wall_time_s: float = Field(default=0.0, ge=0, description="Solver wall time, s.")
+
+
+class Plan(FrozenSpec):
+    """A complete layout: degrees, knobs, layer split and GPU placement.
+
+    ``layer_split`` lists the transformer layers of each model chunk in
+    Megatron's order: virtual stage ``c * pp + s`` is chunk ``c`` of stage
+    ``s``, so its length is ``pp * vpp``.  ``placement`` lists, for every
+    unit ``stage * dp + replica``, the ``tp`` GPUs that hold that unit's
+    tensor-parallel ranks (in tp-rank order).
+    """
+
+    dp: int = Field(gt=0, description="Data-parallel size.")
+    pp: int = Field(gt=0, description="Pipeline-parallel size.")
+    tp: int = Field(gt=0, description="Tensor-parallel size.")
+    micro_batch_size: int = Field(gt=0, description="Sequences per micro-batch.")
+    vpp: int = Field(default=1, gt=0, description="Model chunks per stage (interleaving).")
+    sequence_parallel: bool = Field(default=False, description="Megatron --sequence-parallel.")
+    recompute: Recompute = Field(default="none", description="Activation recomputation.")
+    distributed_optimizer: bool = Field(default=False, description="ZeRO-1 optimizer sharding.")
+    flash_attention: bool = Field(default=True, description="FlashAttention kernels.")
+    layer_split: tuple[int, ...] = Field(description="Layers per model chunk, length pp * vpp.")
+    placement: tuple[tuple[int, ...], ...] = Field(
+        description="GPUs of each unit (stage * dp + replica), tp of them each."
+    )
+    evaluation: Evaluation | None = Field(default=None, description="Predicted performance.")
+    solve_info: SolveInfo | None = Field(default=None, description="How the plan was found.")
+
+    @model_validator(mode="after")
+    def _shapes(self) -> Plan:
+        if len(self.layer_split) != self.pp * self.vpp:
+            raise ValueError(
+                f"layer_split has {len(self.layer_split)} entries, expected pp*vpp="
+                f"{self.pp}*{self.vpp}={self.pp * self.vpp}"
+            )
+        if any(n < 0 for n in self.layer_split):
+            raise ValueError(f"layer_split has a negative entry: {self.layer_split}")
+        if len(self.placement) != self.pp * self.dp:
+            raise ValueError(
+                f"placement has {len(self.placement)} units, expected pp*dp={self.pp * self.dp}"
+            )
+        for unit, gpus in enumerate(self.placement):
+            if len(gpus) != self.tp:
+                raise ValueError(f"placement unit {unit} has {len(gpus)} GPUs, expected tp={self.tp}")
+        return self
+
+    @property
+    def num_gpus(self) -> int:
+        return self.dp * self.pp * self.tp
+
+    def unit_gpus(self, stage: int, replica: int) -> tuple[int, ...]:
+        """GPUs of the unit holding ``stage`` of DP ``replica``."""
+        return self.placement[stage * self.dp + replica]
+
+    def stage_layers(self, stage: int) -> int:
+        """Transformer layers on ``stage`` over all its chunks."""
+        return sum(self.layer_split[c * self.pp + stage] for c in range(self.vpp))
+
+    def layout(self) -> str:
+        """Short label, e.g. 'dp4-pp2-tp8-mb1-vpp2-sp-sel-do'."""
+        parts = [f"dp{self.dp}", f"pp{self.pp}", f"tp{self.tp}", f"mb{self.micro_batch_size}"]
+        if self.vpp > 1:
+            parts.append(f"vpp{self.vpp}")
+        if self.sequence_parallel:
+            parts.append("sp")
+        if self.recompute != "none":
+            parts.append({"selective": "sel", "full": "full"}[self.recompute])
+        if self.distributed_optimizer:
+            parts.append("do")
+        if not self.flash_attention:
+            parts.append("nofa")
+        return "-".join(parts)

@@ -1,0 +1,90 @@
+"""What is trained (batch, sequence, precision, optimizer) and which layouts may be tried."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from pipette_cp.specs._base import FrozenSpec
+
+Precision = Literal["bf16", "fp16"]
+Optimizer = Literal["adam", "sgd"]
+Recompute = Literal["none", "selective", "full"]
+
+
+class TrainingSpec(FrozenSpec):
+    """One training job's fixed settings (what the layout search must not change)."""
+
+    global_batch_size: int = Field(gt=0, description="Sequences per optimizer step.")
+    seq_length: int = Field(gt=0, description="Tokens per sequence.")
+    precision: Precision = Field(default="bf16", description="Mixed-precision compute type.")
+    optimizer: Optimizer = Field(
+        default="adam",
+        description="'adam' (Megatron mixed precision: fp32 master weights, two fp32 moments) "
+        "or 'sgd' (fp32 master weights, one momentum).",
+    )
+    flash_attention_available: bool = Field(
+        default=True, description="Whether FlashAttention kernels may be used on this software stack."
+    )
+    overlap_grad_reduce: bool = Field(
+        default=False,
+        description="Megatron --overlap-grad-reduce: overlap the DP gradient reduce with backward.",
+    )
+    overlap_param_gather: bool = Field(
+        default=False,
+        description="Megatron --overlap-param-gather (with the distributed optimizer).",
+    )
+    dropout: bool = Field(
+        default=True, description="Whether dropout masks are kept (Korthikanti et al. assume so)."
+    )
+
+
+class SearchSpace(FrozenSpec):
+    """The allowed values of every layout knob.  ``None`` means every valid value."""
+
+    tp: tuple[int, ...] | None = Field(default=None, description="Tensor-parallel sizes.")
+    pp: tuple[int, ...] | None = Field(default=None, description="Pipeline-parallel sizes.")
+    dp: tuple[int, ...] | None = Field(default=None, description="Data-parallel sizes.")
+    micro_batch_size: tuple[int, ...] = Field(
+        default=(1, 2, 4, 8), description="Micro-batch sizes, sequences."
+    )
+    vpp: tuple[int, ...] = Field(
+        default=(1, 2, 4),
+        description="Model chunks per pipeline stage (1 = plain 1F1B, >1 = interleaved 1F1B).",
+    )
+    sequence_parallel: tuple[bool, ...] = Field(
+        default=(True, False), description="Megatron --sequence-parallel on / off."
+    )
+    recompute: tuple[Recompute, ...] = Field(
+        default=("none", "selective", "full"), description="Activation recomputation granularity."
+    )
+    distributed_optimizer: tuple[bool, ...] = Field(
+        default=(True, False), description="Megatron --use-distributed-optimizer (ZeRO-1) on / off."
+    )
+    flash_attention: tuple[bool, ...] = Field(
+        default=(True, False),
+        description="FlashAttention on / off (on only where the training spec makes it available).",
+    )
+    use_all_gpus: bool = Field(
+        default=True, description="Whether dp x pp x tp must equal the number of GPUs."
+    )
+
+    @field_validator("tp", "pp", "dp", "micro_batch_size", "vpp")
+    @classmethod
+    def _positive(cls, values: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if values is not None:
+            if not values:
+                raise ValueError("must not be empty (omit it to allow every value)")
+            bad = [v for v in values if v <= 0]
+            if bad:
+                raise ValueError(f"values must be positive, got {bad}")
+            return tuple(sorted(set(values)))
+        return values
+
+    @field_validator("sequence_parallel", "recompute", "distributed_optimizer", "flash_attention")
+    @classmethod
+    def _not_empty(cls, values: tuple) -> tuple:
+        if not values:
+            raise ValueError("must not be empty")
+        return tuple(dict.fromkeys(values))
