@@ -27,4 +27,13 @@ __all__ = [
 ]
 
 #: Every spec with a published JSON schema (see ``pipette_cp.specs.schemas``).
-SCHEMA_SPECS = (ModelSpec, GpuSpec, ClusterSpec, TrainingSpec, SearchSpace, Plan, Evaluation, Instance)
+SCHEMA_SPECS = (
+    ModelSpec,
+    GpuSpec,
+    ClusterSpec,
+    TrainingSpec,
+    SearchSpace,
+    Plan,
+    Evaluation,
+    Instance,
+)

@@ -47,14 +47,18 @@ class ClusterSpec(FrozenSpec):
     inter_node_latency_s: float = Field(
         default=10e-6, ge=0, description="Start-up latency of one inter-node transfer, s."
     )
-    source: str = Field(default="", description="Where the numbers come from (measurement, generator).")
+    source: str = Field(
+        default="", description="Where the numbers come from (measurement, generator)."
+    )
 
     @model_validator(mode="after")
     def _node_lists_match(self) -> ClusterSpec:
         for field in ("node_gpu_types", "node_names", "node_groups"):
             values = getattr(self, field)
             if values is not None and len(values) != self.num_nodes:
-                raise ValueError(f"{field} has {len(values)} entries for num_nodes={self.num_nodes}")
+                raise ValueError(
+                    f"{field} has {len(values)} entries for num_nodes={self.num_nodes}"
+                )
         unknown = sorted(set(self.node_gpu_types) - set(self.gpu_types))
         if unknown:
             raise ValueError(f"node_gpu_types names {unknown} missing from gpu_types")

@@ -26,8 +26,9 @@ class GpuSpec(FrozenSpec):
     source: str = Field(default="", description="Datasheet the numbers come from.")
 
 
-def _gpu(name: str, mem_mib: float, tflops: float, hbm_gbs: float, nvlink_bidir_gbs: float,
-         source: str) -> GpuSpec:
+def _gpu(
+    name: str, mem_mib: float, tflops: float, hbm_gbs: float, nvlink_bidir_gbs: float, source: str
+) -> GpuSpec:
     return GpuSpec(
         name=name,
         memory_bytes=mem_mib * MiB,

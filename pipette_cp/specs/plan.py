@@ -17,7 +17,9 @@ class Evaluation(FrozenSpec):
 
     iteration_time_s: float = Field(ge=0, description="Predicted time of one optimizer step, s.")
     tokens_per_s: float = Field(ge=0, description="Global batch tokens / iteration time.")
-    model_tflops_per_gpu: float = Field(ge=0, description="Model FLOP/s per GPU / 1e12 (no recompute).")
+    model_tflops_per_gpu: float = Field(
+        ge=0, description="Model FLOP/s per GPU / 1e12 (no recompute)."
+    )
     hardware_tflops_per_gpu: float = Field(ge=0, description="Executed FLOP/s per GPU / 1e12.")
     mfu: float = Field(ge=0, description="Model FLOPs utilisation (fraction of peak).")
     hfu: float = Field(ge=0, description="Hardware FLOPs utilisation (fraction of peak).")
@@ -25,14 +27,18 @@ class Evaluation(FrozenSpec):
         description="Peak memory of the most loaded GPU of each pipeline stage, bytes."
     )
     memory_bytes_max: float = Field(ge=0, description="Largest peak memory over all GPUs, bytes.")
-    memory_limit_bytes: float = Field(ge=0, description="Usable memory of the smallest GPU used, bytes.")
+    memory_limit_bytes: float = Field(
+        ge=0, description="Usable memory of the smallest GPU used, bytes."
+    )
     fits: bool = Field(description="Whether every GPU's predicted peak is within its limit.")
     breakdown_s: dict[str, float] = Field(
         default_factory=dict,
         description="Iteration time by cause (compute, bubble, pp_comm, dp_comm, tp_comm, "
         "optimizer, ...), s.",
     )
-    model: str = Field(default="analytic", description="Which predictor made this (analytic, simulator).")
+    model: str = Field(
+        default="analytic", description="Which predictor made this (analytic, simulator)."
+    )
 
 
 class SolveInfo(FrozenSpec):
@@ -87,7 +93,9 @@ class Plan(FrozenSpec):
             )
         for unit, gpus in enumerate(self.placement):
             if len(gpus) != self.tp:
-                raise ValueError(f"placement unit {unit} has {len(gpus)} GPUs, expected tp={self.tp}")
+                raise ValueError(
+                    f"placement unit {unit} has {len(gpus)} GPUs, expected tp={self.tp}"
+                )
         return self
 
     @property

@@ -25,7 +25,8 @@ class TrainingSpec(FrozenSpec):
         "or 'sgd' (fp32 master weights, one momentum).",
     )
     flash_attention_available: bool = Field(
-        default=True, description="Whether FlashAttention kernels may be used on this software stack."
+        default=True,
+        description="Whether FlashAttention kernels may be used on this software stack.",
     )
     overlap_grad_reduce: bool = Field(
         default=False,
