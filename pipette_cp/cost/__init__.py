@@ -1,0 +1,1 @@
+"""Cost models: memory, compute, communication, iteration time, simulator."""

@@ -1,0 +1,77 @@
+"""Plain layout constructors every layer may use: even splits and Megatron's rank order.
+
+Megatron-LM builds its process groups from the global rank with the order
+string ``tp-dp-pp`` (``RankGenerator`` in ``megatron/core/parallel_state.py``):
+``rank = tp_rank + tp * (dp_rank + dp * pp_rank)``, and rank r runs on the
+r-th GPU of the hostfile order.  That is the ``megatron-default`` placement.
+"""
+
+from __future__ import annotations
+
+from pipette_cp.specs.plan import Plan
+from pipette_cp.specs.training import Recompute
+
+
+def even_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, ...]:
+    """Layers per model chunk, as even as possible.
+
+    When ``pp * vpp`` divides ``num_layers`` this is Megatron's split.  Otherwise
+    the remainder goes to the middle chunks, away from the first (embedding)
+    and last (LM head) stages.
+
+    >>> even_split(24, 4)
+    (6, 6, 6, 6)
+    >>> even_split(10, 4)
+    (2, 3, 3, 2)
+    """
+    chunks = pp * vpp
+    base, extra = divmod(num_layers, chunks)
+    split = [base] * chunks
+    middle = sorted(range(chunks), key=lambda c: (abs(c - (chunks - 1) / 2), c))
+    for c in middle[:extra]:
+        split[c] += 1
+    return tuple(split)
+
+
+def megatron_placement(dp: int, pp: int, tp: int) -> tuple[tuple[int, ...], ...]:
+    """Units (stage * dp + replica) -> GPUs under Megatron's tp-dp-pp rank order.
+
+    >>> megatron_placement(dp=2, pp=2, tp=2)
+    ((0, 1), (2, 3), (4, 5), (6, 7))
+    """
+    return tuple(
+        tuple(tp * (replica + dp * stage) + t for t in range(tp))
+        for stage in range(pp)
+        for replica in range(dp)
+    )
+
+
+def make_plan(
+    *,
+    num_layers: int,
+    dp: int,
+    pp: int,
+    tp: int,
+    micro_batch_size: int,
+    vpp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: Recompute = "none",
+    distributed_optimizer: bool = False,
+    flash_attention: bool = True,
+    layer_split: tuple[int, ...] | None = None,
+    placement: tuple[tuple[int, ...], ...] | None = None,
+) -> Plan:
+    """A plan with an even split and Megatron's default placement unless given."""
+    return Plan(
+        dp=dp,
+        pp=pp,
+        tp=tp,
+        micro_batch_size=micro_batch_size,
+        vpp=vpp,
+        sequence_parallel=sequence_parallel,
+        recompute=recompute,
+        distributed_optimizer=distributed_optimizer,
+        flash_attention=flash_attention,
+        layer_split=layer_split or even_split(num_layers, pp, vpp),
+        placement=placement or megatron_placement(dp, pp, tp),
+    )
