@@ -1,0 +1,70 @@
+"""``pipette-cp list``, ``show`` and ``schema``."""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from pipette_cp.cli.app import app, console
+from pipette_cp.clusters.generators import GENERATORS
+from pipette_cp.io.instance_file import DEFAULT_INSTANCE, list_instances, load_instance
+from pipette_cp.io.model_file import list_models
+from pipette_cp.report.show import instance_report
+from pipette_cp.specs import GPU_CATALOG, SCHEMA_SPECS
+
+
+class Catalogue(str, Enum):
+    instances = "instances"
+    models = "models"
+    gpus = "gpus"
+    generators = "generators"
+
+
+@app.command("list")
+def list_(what: Annotated[Catalogue, typer.Argument(help="What to list.")] = Catalogue.instances) -> None:
+    """List bundled instances, models, GPU types or cluster generators."""
+    if what is Catalogue.gpus:
+        table = Table("name", "memory GiB", "peak TFLOP/s", "HBM GB/s", "NVLink GB/s (1 dir)")
+        for gpu in GPU_CATALOG.values():
+            table.add_row(
+                gpu.name,
+                f"{gpu.memory_bytes / 2**30:.1f}",
+                f"{gpu.peak_flops_per_s / 1e12:.0f}",
+                f"{gpu.hbm_bandwidth_bytes_per_s / 1e9:.0f}",
+                f"{gpu.nvlink_bandwidth_bytes_per_s / 1e9:.0f}",
+            )
+        console.print(table)
+        return
+    names = {
+        Catalogue.instances: list_instances,
+        Catalogue.models: list_models,
+        Catalogue.generators: lambda: sorted(GENERATORS),
+    }[what]()
+    for name in names:
+        suffix = "  (default)" if what is Catalogue.instances and name == DEFAULT_INSTANCE else ""
+        console.print(name + suffix, highlight=False)
+
+
+@app.command()
+def show(
+    instance: Annotated[str, typer.Argument(help="Bundled instance name or path to an instance file.")] = DEFAULT_INSTANCE,
+) -> None:
+    """Model parameters, cluster summary (bandwidth statistics, slowest and failed pairs)."""
+    console.print(instance_report(load_instance(instance)))
+
+
+@app.command()
+def schema(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write <Spec>.schema.json files into.")],
+) -> None:
+    """Export the JSON schema of every spec (model, cluster, training, plan, ...)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for spec in SCHEMA_SPECS:
+        path = out / f"{spec.__name__}.schema.json"
+        path.write_text(json.dumps(spec.model_json_schema(), indent=2) + "\n", encoding="utf-8")
+        console.print(f"wrote {path}", highlight=False)

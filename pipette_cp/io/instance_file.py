@@ -1,0 +1,142 @@
+"""Benchmark instance files: model + cluster + training (+ search space, best known).
+
+An instance is one YAML file.  Each part may be given inline or by reference::
+
+    name: llama2-7b-g3-32
+    family: degraded
+    model: llama-2-7b                 # bundled name | path.yaml | HF config.json | mapping
+    cluster:                          # exactly one of:
+      generator: {kind: degraded, nodes: 4, seed: 1}
+      # file: clusters/h100-cluster00.yaml   (relative to this file, then instances/)
+      # ...or the fields of a cluster file inline (see pipette_cp.io.cluster_file)
+    training: {global_batch_size: 512, seq_length: 4096}
+    search_space: {tp: [1, 2, 4, 8]}  # optional restrictions
+    best_known: null                  # filled by the benchmark suite
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+from pipette_cp.clusters.generators import generate, generate_timeline
+from pipette_cp.errors import InputFileError, SpecError
+from pipette_cp.io.cluster_file import cluster_from_mapping, read_cluster_file
+from pipette_cp.io.files import read_mapping
+from pipette_cp.io.model_file import load_model, model_from_mapping
+from pipette_cp.io.paths import INSTANCES_DIR
+from pipette_cp.specs import (
+    BestKnown,
+    ClusterSpec,
+    Instance,
+    ModelSpec,
+    SearchSpace,
+    TrainingSpec,
+    validate_spec,
+)
+
+#: The instance `pipette-cp solve` uses when none is named.
+DEFAULT_INSTANCE = "gpt3-2.7b-g1-64"
+
+_PARTS = {"name", "description", "family", "model", "cluster", "training", "search_space", "best_known"}
+
+
+def list_instances() -> list[str]:
+    """Names of the bundled instances (files ``instances/*.yaml``)."""
+    return sorted(p.stem for p in INSTANCES_DIR.glob("*.yaml"))
+
+
+def instance_path(name_or_path: str | Path) -> Path:
+    """Resolve a bundled instance name or a path to its file."""
+    path = Path(name_or_path)
+    if path.suffix in {".yaml", ".yml", ".json"} or path.exists():
+        if not path.exists():
+            raise InputFileError(path, "no such file")
+        return path
+    bundled = INSTANCES_DIR / f"{name_or_path}.yaml"
+    if bundled.exists():
+        return bundled
+    close = difflib.get_close_matches(str(name_or_path), list_instances(), n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else "; see `pipette-cp list`"
+    raise SpecError("instance", str(name_or_path), f"no such file or bundled instance{hint}")
+
+
+def load_instance(name_or_path: str | Path) -> Instance:
+    """Load an instance by bundled name or path; errors name the offending field."""
+    path = instance_path(name_or_path)
+    return instance_from_mapping(read_mapping(path), base_dir=path.parent, default_name=path.stem)
+
+
+def instance_from_mapping(
+    data: dict[str, Any], *, base_dir: Path = INSTANCES_DIR, default_name: str = "instance"
+) -> Instance:
+    """Build an :class:`Instance` from the parsed YAML of an instance file."""
+    unknown = sorted(set(data) - _PARTS)
+    if unknown:
+        raise SpecError(unknown[0], data[unknown[0]], f"unknown instance field; expected {sorted(_PARTS)}")
+    for part in ("model", "cluster", "training"):
+        if part not in data:
+            raise SpecError(part, None, "missing; every instance needs model, cluster and training")
+    return Instance(
+        name=str(data.get("name") or default_name),
+        description=str(data.get("description") or ""),
+        family=str(data.get("family") or ""),
+        model=_model(data["model"], base_dir),
+        cluster=_cluster(data["cluster"], base_dir),
+        training=validate_spec(TrainingSpec, data["training"], "training"),
+        search_space=validate_spec(SearchSpace, data.get("search_space") or {}, "search_space"),
+        best_known=(
+            validate_spec(BestKnown, data["best_known"], "best_known") if data.get("best_known") else None
+        ),
+    )
+
+
+def _model(value: Any, base_dir: Path) -> ModelSpec:
+    if isinstance(value, dict):
+        if "hf_config" in value:
+            return load_model(_relative(value["hf_config"], base_dir))
+        return model_from_mapping(value, "model")
+    if isinstance(value, str):
+        candidate = base_dir / value
+        return load_model(candidate if candidate.is_file() else value)
+    raise SpecError("model", value, "expected a model name, a file path or a mapping of ModelSpec fields")
+
+
+def _cluster(value: Any, base_dir: Path) -> ClusterSpec:
+    if isinstance(value, str):
+        return read_cluster_file(_relative(value, base_dir))
+    if not isinstance(value, dict):
+        raise SpecError("cluster", value, "expected a mapping (generator:, file: or inline fields)")
+    if "generator" in value:
+        return _generated(value["generator"])
+    if "file" in value:
+        return read_cluster_file(_relative(value["file"], base_dir))
+    return cluster_from_mapping(value, "cluster")
+
+
+def _generated(recipe: Any) -> ClusterSpec:
+    if not isinstance(recipe, dict) or "kind" not in recipe:
+        raise SpecError("cluster.generator", recipe, "expected a mapping with kind, nodes and seed")
+    params = dict(recipe)
+    kind = params.pop("kind")
+    for key in ("nodes", "seed"):
+        if key not in params:
+            raise SpecError(f"cluster.generator.{key}", None, "missing")
+    snapshot = params.pop("snapshot", None)
+    if snapshot is None:
+        return generate(kind, **params)
+    if not isinstance(snapshot, int) or snapshot < 0:
+        raise SpecError("cluster.generator.snapshot", snapshot, "expected a non-negative integer")
+    timeline = generate_timeline(kind, snapshots=snapshot + 1, **params)
+    return timeline[snapshot]
+
+
+def _relative(value: Any, base_dir: Path) -> Path:
+    if not isinstance(value, str | Path):
+        raise SpecError("file", value, "expected a file path")
+    path = Path(value)
+    for candidate in (path, base_dir / path, INSTANCES_DIR / path):
+        if candidate.exists():
+            return candidate
+    raise InputFileError(path, f"no such file (looked in . , {base_dir} and {INSTANCES_DIR})")

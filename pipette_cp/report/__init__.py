@@ -1,0 +1,1 @@
+"""Formatting of specs, statistics and plans as rich renderables (never printed here)."""

@@ -1,0 +1,147 @@
+"""Rich tables describing an instance: model, cluster bandwidth, training."""
+
+from __future__ import annotations
+
+import numpy as np
+from rich.console import Group
+from rich.table import Table
+
+from pipette_cp.clusters.stats import DEGRADED_BELOW, cluster_stats
+from pipette_cp.specs import ClusterSpec, Instance, ModelSpec, TrainingSpec
+from pipette_cp.units import GB, GiB
+
+
+def _kv_table(title: str, rows: list[tuple[str, str]]) -> Table:
+    table = Table(title=title, show_header=False, title_justify="left", box=None, pad_edge=False)
+    table.add_column(style="bold cyan", no_wrap=True)
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+def _count(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def model_table(model: ModelSpec) -> Table:
+    """Architecture and derived parameter counts."""
+    gqa = f"{model.num_attention_heads} / {model.kv_heads} kv"
+    return _kv_table(
+        f"Model {model.name}",
+        [
+            ("layers x hidden", f"{model.num_layers} x {model.hidden_size}"),
+            ("heads", gqa + f" (head dim {model.head_size})"),
+            ("ffn", f"{model.ffn_hidden_size} ({model.activation})"),
+            ("vocab", f"{model.vocab_size} ({'tied' if model.tied_embeddings else 'untied'})"),
+            ("norm / positions", f"{model.norm} / {model.position_embedding}"),
+            ("params per layer", _count(model.params_per_layer)),
+            ("embedding params", _count(model.embedding_params)),
+            ("total params", _count(model.total_params)),
+            ("source", model.source or "-"),
+        ],
+    )
+
+
+def training_table(training: TrainingSpec) -> Table:
+    """The fixed training settings."""
+    tokens = training.global_batch_size * training.seq_length
+    return _kv_table(
+        "Training",
+        [
+            (
+                "global batch",
+                f"{training.global_batch_size} x {training.seq_length} = {_count(tokens)} tokens",
+            ),
+            ("precision / optimizer", f"{training.precision} / {training.optimizer}"),
+            ("FlashAttention available", "yes" if training.flash_attention_available else "no"),
+        ],
+    )
+
+
+def cluster_table(cluster: ClusterSpec, slowest: int = 5) -> Group:
+    """Summary, bandwidth statistics, slowest node pairs and failed pairs."""
+    nodes = cluster.node_matrix()
+    g = cluster.gpus_per_node
+    intra = [
+        cluster.bandwidth_bytes_per_s[np.ix_(cluster.gpus_of_node(n), cluster.gpus_of_node(n))]
+        for n in range(cluster.num_nodes)
+    ]
+    intra_vals = (
+        np.concatenate([m[~np.eye(g, dtype=bool)] for m in intra]) if g > 1 else np.zeros(1)
+    )
+    rows = [
+        ("shape", cluster.describe()),
+        (
+            "GPU memory",
+            ", ".join(
+                f"{t.name}: {t.memory_bytes / GiB:.1f} GiB" for t in cluster.gpu_types.values()
+            ),
+        ),
+        (
+            "intra-node GB/s",
+            f"min {intra_vals.min() / GB:.1f}, median {np.median(intra_vals) / GB:.1f}",
+        ),
+        ("source", cluster.source or "-"),
+    ]
+    parts: list = [_kv_table(f"Cluster {cluster.name}", rows)]
+    if cluster.num_nodes > 1:
+        stats = cluster_stats(cluster)
+        ratio = stats.cross_vs_same_group_ratio
+        parts.append(
+            _kv_table(
+                "Inter-node bandwidth (node pairs)",
+                [
+                    ("median", f"{stats.median_bytes_per_s / GB:.2f} GB/s"),
+                    ("healthy CV", f"{stats.healthy_cv:.2%}"),
+                    (
+                        f"degraded (< {DEGRADED_BELOW:.0%} of median)",
+                        f"{stats.degraded_fraction:.1%} of pairs, mean {stats.degraded_ratio_mean:.2f} x median",
+                    ),
+                    ("failed", f"{stats.failed_fraction:.1%} of pairs"),
+                    (
+                        "asymmetry",
+                        f"mean {stats.asymmetry_mean:.1%}, max {stats.asymmetry_max:.1%}",
+                    ),
+                    ("cross / same group", f"{ratio:.3f}" if ratio is not None else "-"),
+                ],
+            )
+        )
+        parts.append(_slowest_pairs(cluster, nodes, slowest))
+    failed = cluster.failed_pairs()
+    if failed:
+        shown = ", ".join(f"{i}->{j}" for i, j in failed[:8])
+        more = f" (+{len(failed) - 8} more)" if len(failed) > 8 else ""
+        parts.append(_kv_table("Failed GPU pairs", [(f"{len(failed)} pairs", shown + more)]))
+    return Group(*parts)
+
+
+def _slowest_pairs(cluster: ClusterSpec, nodes: np.ndarray, count: int) -> Table:
+    table = Table(title="Slowest node pairs", title_justify="left")
+    for col in ("from", "to", "GB/s", "x median"):
+        table.add_column(col, justify="right" if col != "from" and col != "to" else "left")
+    off = ~np.eye(cluster.num_nodes, dtype=bool)
+    alive = off & (nodes > 0)
+    median = float(np.median(nodes[alive])) if alive.any() else 1.0
+    order = sorted(zip(*np.nonzero(alive), strict=True), key=lambda ij: nodes[ij])[:count]
+    for i, j in order:
+        names = cluster.node_names
+        table.add_row(names[i], names[j], f"{nodes[i, j] / GB:.2f}", f"{nodes[i, j] / median:.2f}")
+    return table
+
+
+def instance_report(instance: Instance) -> Group:
+    """Everything `pipette-cp show` displays."""
+    header = _kv_table(
+        f"Instance {instance.name}",
+        [("family", instance.family or "-"), ("description", instance.description or "-")],
+    )
+    return Group(
+        header,
+        model_table(instance.model),
+        cluster_table(instance.cluster),
+        training_table(instance.training),
+    )
