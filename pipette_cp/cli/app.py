@@ -6,7 +6,6 @@ the error's exit code; ``--debug`` shows the traceback instead.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import click
@@ -52,7 +51,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _main(
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")
+    ] = False,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
     ] = False,
@@ -68,5 +69,6 @@ def main() -> None:
 # Sub-commands register themselves on import (kept last to avoid cycles).
 from pipette_cp.cli import cluster as _cluster  # noqa: E402
 from pipette_cp.cli import info as _info  # noqa: E402
+from pipette_cp.cli import predict as _predict  # noqa: E402
 
-__all__ = ["Path", "_cluster", "_info", "app", "console", "err_console", "main"]
+__all__ = ["_cluster", "_info", "_predict", "app", "console", "err_console", "main"]

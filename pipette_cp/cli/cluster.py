@@ -36,11 +36,16 @@ def generate_cmd(
     nodes: Annotated[int, typer.Option("--nodes", "-n", help="Number of nodes.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Cluster file to write (YAML).")],
     seed: Annotated[int, typer.Option("--seed", "-s", help="Random seed.")] = 0,
-    gpus_per_node: Annotated[int | None, typer.Option(help="GPUs per node (generator default if omitted).")] = None,
+    gpus_per_node: Annotated[
+        int | None, typer.Option(help="GPUs per node (generator default if omitted).")
+    ] = None,
     snapshots: Annotated[
-        int, typer.Option(help="Timeline generators: number of snapshots (files OUT-t00.yaml, ...).")
+        int,
+        typer.Option(help="Timeline generators: number of snapshots (files OUT-t00.yaml, ...)."),
     ] = 1,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Generator parameter KEY=VALUE.")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Generator parameter KEY=VALUE.")
+    ] = None,
 ) -> None:
     """Write a seeded synthetic cluster (G1-G6 of DESIGN.md section 5)."""
     params = _params(set_ or [])

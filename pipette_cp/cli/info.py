@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -18,7 +18,7 @@ from pipette_cp.report.show import instance_report
 from pipette_cp.specs import GPU_CATALOG, SCHEMA_SPECS
 
 
-class Catalogue(str, Enum):
+class Catalogue(StrEnum):
     instances = "instances"
     models = "models"
     gpus = "gpus"
@@ -26,7 +26,9 @@ class Catalogue(str, Enum):
 
 
 @app.command("list")
-def list_(what: Annotated[Catalogue, typer.Argument(help="What to list.")] = Catalogue.instances) -> None:
+def list_(
+    what: Annotated[Catalogue, typer.Argument(help="What to list.")] = Catalogue.instances,
+) -> None:
     """List bundled instances, models, GPU types or cluster generators."""
     if what is Catalogue.gpus:
         table = Table("name", "memory GiB", "peak TFLOP/s", "HBM GB/s", "NVLink GB/s (1 dir)")
@@ -52,7 +54,9 @@ def list_(what: Annotated[Catalogue, typer.Argument(help="What to list.")] = Cat
 
 @app.command()
 def show(
-    instance: Annotated[str, typer.Argument(help="Bundled instance name or path to an instance file.")] = DEFAULT_INSTANCE,
+    instance: Annotated[
+        str, typer.Argument(help="Bundled instance name or path to an instance file.")
+    ] = DEFAULT_INSTANCE,
 ) -> None:
     """Model parameters, cluster summary (bandwidth statistics, slowest and failed pairs)."""
     console.print(instance_report(load_instance(instance)))
@@ -60,7 +64,9 @@ def show(
 
 @app.command()
 def schema(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write <Spec>.schema.json files into.")],
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Directory to write <Spec>.schema.json files into.")
+    ],
 ) -> None:
     """Export the JSON schema of every spec (model, cluster, training, plan, ...)."""
     out.mkdir(parents=True, exist_ok=True)

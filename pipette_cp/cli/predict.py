@@ -1,0 +1,130 @@
+"""``pipette-cp predict``: evaluate one layout without solving anything."""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pipette_cp.cli.app import app, console
+from pipette_cp.cost.evaluate import evaluate
+from pipette_cp.errors import LayoutError
+from pipette_cp.io.files import read_text
+from pipette_cp.io.instance_file import DEFAULT_INSTANCE, load_instance
+from pipette_cp.report.evaluation import evaluation_json, evaluation_table
+from pipette_cp.specs import Plan
+from pipette_cp.specs._base import spec_error_from
+from pipette_cp.specs.layouts import make_plan
+
+
+class RecomputeChoice(StrEnum):
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+class Predictor(StrEnum):
+    analytic = "analytic"
+    simulator = "simulator"
+
+
+def _plan_file(path: Path) -> Plan:
+    from pydantic import ValidationError
+
+    try:
+        return Plan.model_validate_json(read_text(path))
+    except ValidationError as exc:
+        raise spec_error_from(exc, "plan") from None
+
+
+def _split(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.replace(" ", "").split(","))
+    except ValueError:
+        raise LayoutError(
+            "--split", text, "expected comma-separated layer counts, e.g. 11,13,13,11"
+        ) from None
+
+
+@app.command()
+def predict(
+    instance: Annotated[
+        str, typer.Argument(help="Bundled instance name or instance file.")
+    ] = DEFAULT_INSTANCE,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size.")] = 1,
+    pp: Annotated[int, typer.Option("--pp", help="Pipeline-parallel size.")] = 1,
+    mb: Annotated[int, typer.Option("--mb", help="Micro-batch size (sequences).")] = 1,
+    dp: Annotated[
+        int | None, typer.Option("--dp", help="Data-parallel size [default: GPUs/(tp*pp)].")
+    ] = None,
+    vpp: Annotated[int, typer.Option("--vpp", help="Model chunks per stage (interleaving).")] = 1,
+    sp: Annotated[bool, typer.Option("--sp/--no-sp", help="Sequence parallelism.")] = False,
+    recompute: Annotated[
+        RecomputeChoice, typer.Option(help="Activation recomputation.")
+    ] = RecomputeChoice.none,
+    dist_opt: Annotated[
+        bool, typer.Option("--dist-opt/--no-dist-opt", help="Distributed optimizer.")
+    ] = False,
+    flash_attn: Annotated[
+        bool, typer.Option("--flash-attn/--no-flash-attn", help="FlashAttention.")
+    ] = True,
+    placement: Annotated[
+        str,
+        typer.Option(
+            help="'default' (Megatron tp-dp-pp order) or a plan JSON to take the placement from."
+        ),
+    ] = "default",
+    split: Annotated[
+        str | None, typer.Option(help="Layers per model chunk, comma-separated.")
+    ] = None,
+    predictor: Annotated[
+        Predictor, typer.Option(help="Analytic model or schedule simulator.")
+    ] = Predictor.analytic,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Predict iteration time, throughput, MFU and memory per stage of one layout."""
+    inst = load_instance(instance)
+    gpus = inst.cluster.num_gpus
+    if dp is None:
+        if gpus % (tp * pp):
+            raise LayoutError(
+                "--tp*--pp", tp * pp, f"must divide the {gpus} GPUs of the cluster (or give --dp)"
+            )
+        dp = gpus // (tp * pp)
+    for name, value in (("--tp", tp), ("--pp", pp), ("--mb", mb), ("--dp", dp), ("--vpp", vpp)):
+        if value <= 0:
+            raise LayoutError(name, value, "must be a positive integer")
+    placed = None
+    if placement != "default":
+        source = _plan_file(Path(placement))
+        if (source.dp, source.pp, source.tp) != (dp, pp, tp):
+            raise LayoutError(
+                "--placement",
+                placement,
+                f"holds dp={source.dp} pp={source.pp} tp={source.tp}, not dp={dp} pp={pp} tp={tp}",
+            )
+        placed = source.placement
+    plan = make_plan(
+        num_layers=inst.model.num_layers,
+        dp=dp,
+        pp=pp,
+        tp=tp,
+        micro_batch_size=mb,
+        vpp=vpp,
+        sequence_parallel=sp,
+        recompute=recompute.value,
+        distributed_optimizer=dist_opt,
+        flash_attention=flash_attn,
+        layer_split=_split(split),
+        placement=placed,
+    )
+    evaluation = evaluate(inst, plan, predictor=predictor.value)
+    if as_json:
+        typer.echo(json.dumps(evaluation_json(plan, evaluation), indent=2))
+    else:
+        console.print(evaluation_table(plan, evaluation))

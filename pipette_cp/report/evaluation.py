@@ -1,0 +1,82 @@
+"""An evaluated plan as a rich table or as the JSON object of `pipette-cp predict --json`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+
+from pipette_cp.specs import Evaluation, Plan
+from pipette_cp.units import GB
+
+
+def evaluation_json(plan: Plan, evaluation: Evaluation) -> dict[str, Any]:
+    """The stable JSON contract of ``predict --json`` (GB = 1e9 bytes)."""
+    return {
+        "layout": plan.layout(),
+        "dp": plan.dp,
+        "pp": plan.pp,
+        "tp": plan.tp,
+        "micro_batch_size": plan.micro_batch_size,
+        "vpp": plan.vpp,
+        "sequence_parallel": plan.sequence_parallel,
+        "recompute": plan.recompute,
+        "distributed_optimizer": plan.distributed_optimizer,
+        "flash_attention": plan.flash_attention,
+        "layer_split": list(plan.layer_split),
+        "iteration_time_s": evaluation.iteration_time_s,
+        "tokens_per_s": evaluation.tokens_per_s,
+        "model_tflops_per_gpu": evaluation.model_tflops_per_gpu,
+        "hardware_tflops_per_gpu": evaluation.hardware_tflops_per_gpu,
+        "mfu": evaluation.mfu,
+        "hfu": evaluation.hfu,
+        "memory_gb_per_gpu_max": evaluation.memory_bytes_max / GB,
+        "memory_gb_by_stage": [m / GB for m in evaluation.memory_bytes_by_stage],
+        "memory_limit_gb": evaluation.memory_limit_bytes / GB,
+        "fits": evaluation.fits,
+        "breakdown": dict(evaluation.breakdown_s),
+        "predictor": evaluation.model,
+    }
+
+
+def evaluation_table(plan: Plan, evaluation: Evaluation) -> Group:
+    """Headline numbers, the time breakdown and memory per stage."""
+    fits = "[green]yes[/]" if evaluation.fits else "[bold red]NO (out of memory)[/]"
+    head = Table(title=f"Plan {plan.layout()}", show_header=False, title_justify="left", box=None)
+    head.add_column(style="bold cyan")
+    head.add_column()
+    rows = [
+        ("layer split", " ".join(map(str, plan.layer_split))),
+        ("iteration time", f"{evaluation.iteration_time_s:.3f} s ({evaluation.model})"),
+        ("tokens/s", f"{evaluation.tokens_per_s:,.0f}"),
+        (
+            "model TFLOP/s per GPU",
+            f"{evaluation.model_tflops_per_gpu:.1f} (MFU {evaluation.mfu:.1%})",
+        ),
+        (
+            "hardware TFLOP/s per GPU",
+            f"{evaluation.hardware_tflops_per_gpu:.1f} (HFU {evaluation.hfu:.1%})",
+        ),
+        (
+            "max memory per GPU",
+            f"{evaluation.memory_bytes_max / GB:.1f} GB of {evaluation.memory_limit_bytes / GB:.1f} GB",
+        ),
+        ("fits", fits),
+    ]
+    for key, value in rows:
+        head.add_row(key, value)
+    parts = Table(title="Time breakdown", title_justify="left")
+    parts.add_column("part")
+    parts.add_column("s", justify="right")
+    parts.add_column("share", justify="right")
+    total = evaluation.iteration_time_s or 1.0
+    for name, seconds in evaluation.breakdown_s.items():
+        parts.add_row(name, f"{seconds:.3f}", f"{seconds / total:.1%}")
+    memory = Table(title="Memory per stage (most loaded GPU)", title_justify="left")
+    memory.add_column("stage", justify="right")
+    memory.add_column("GB", justify="right")
+    for stage, value in enumerate(evaluation.memory_bytes_by_stage):
+        over = value > evaluation.memory_limit_bytes
+        memory.add_row(str(stage), f"[red]{value / GB:.1f}[/]" if over else f"{value / GB:.1f}")
+    return Group(head, parts, memory)
