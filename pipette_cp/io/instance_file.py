@@ -39,7 +39,16 @@ from pipette_cp.specs import (
 #: The instance `pipette-cp solve` uses when none is named.
 DEFAULT_INSTANCE = "gpt3-2.7b-g1-64"
 
-_PARTS = {"name", "description", "family", "model", "cluster", "training", "search_space", "best_known"}
+_PARTS = {
+    "name",
+    "description",
+    "family",
+    "model",
+    "cluster",
+    "training",
+    "search_space",
+    "best_known",
+}
 
 
 def list_instances() -> list[str]:
@@ -74,7 +83,9 @@ def instance_from_mapping(
     """Build an :class:`Instance` from the parsed YAML of an instance file."""
     unknown = sorted(set(data) - _PARTS)
     if unknown:
-        raise SpecError(unknown[0], data[unknown[0]], f"unknown instance field; expected {sorted(_PARTS)}")
+        raise SpecError(
+            unknown[0], data[unknown[0]], f"unknown instance field; expected {sorted(_PARTS)}"
+        )
     for part in ("model", "cluster", "training"):
         if part not in data:
             raise SpecError(part, None, "missing; every instance needs model, cluster and training")
@@ -87,7 +98,9 @@ def instance_from_mapping(
         training=validate_spec(TrainingSpec, data["training"], "training"),
         search_space=validate_spec(SearchSpace, data.get("search_space") or {}, "search_space"),
         best_known=(
-            validate_spec(BestKnown, data["best_known"], "best_known") if data.get("best_known") else None
+            validate_spec(BestKnown, data["best_known"], "best_known")
+            if data.get("best_known")
+            else None
         ),
     )
 
@@ -100,7 +113,9 @@ def _model(value: Any, base_dir: Path) -> ModelSpec:
     if isinstance(value, str):
         candidate = base_dir / value
         return load_model(candidate if candidate.is_file() else value)
-    raise SpecError("model", value, "expected a model name, a file path or a mapping of ModelSpec fields")
+    raise SpecError(
+        "model", value, "expected a model name, a file path or a mapping of ModelSpec fields"
+    )
 
 
 def _cluster(value: Any, base_dir: Path) -> ClusterSpec:
