@@ -139,8 +139,10 @@ class ModelSpec(FrozenSpec):
 
     @property
     def params_per_layer(self) -> int:
-        """One transformer block: attention, MLP and its two norms."""
-        return self.attention_params + self.mlp_params + 2 * self.norm_params
+        """One transformer block: attention, MLP (every expert and the router for
+        MoE) and its two norms."""
+        router = self.hidden_size * self.num_experts if self.is_moe else 0
+        return self.attention_params + self.num_experts * self.mlp_params + router + 2 * self.norm_params
 
     @property
     def embedding_params(self) -> int:

@@ -1,0 +1,192 @@
+"""The constraint families every plan must satisfy, checked independently of any solver.
+
+The family names match the ``add_<family>`` methods of the CP-SAT and MILP
+models, so a violated family points at the model constraint that should have
+prevented it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pipette_cp.cost.memory import memory_by_stage, usable_memory_bytes
+from pipette_cp.errors import InfeasibleError
+from pipette_cp.specs import Instance, Plan
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken constraint: its family and a message naming the numbers."""
+
+    family: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.family}: {self.message}"
+
+
+def check_split_covers_layers(instance: Instance, plan: Plan) -> list[Violation]:
+    """Every transformer layer is in exactly one model chunk, every chunk has >= 1 layer."""
+    found: list[Violation] = []
+    total = sum(plan.layer_split)
+    if total != instance.model.num_layers:
+        found.append(
+            Violation(
+                "split_covers_layers",
+                f"layer_split sums to {total}, the model has {instance.model.num_layers} layers",
+            )
+        )
+    empty = [v for v, n in enumerate(plan.layer_split) if n < 1]
+    if empty:
+        found.append(Violation("split_covers_layers", f"model chunks {empty} hold no layer"))
+    return found
+
+
+def check_split_contiguous(instance: Instance, plan: Plan) -> list[Violation]:
+    """Chunks hold contiguous layer ranges in virtual-stage order.
+
+    A split is stored as counts per virtual stage, so contiguity holds by
+    construction; this check pins that representation (a permuted or
+    non-integer split could not be stored)."""
+    del instance
+    bad = [n for n in plan.layer_split if int(n) != n]
+    return [Violation("split_contiguous", f"non-integer chunk sizes {bad}")] if bad else []
+
+
+def check_placement_bijection(instance: Instance, plan: Plan) -> list[Violation]:
+    """Every rank on a distinct, existing GPU."""
+    gpus = [g for unit in plan.placement for g in unit]
+    n = instance.cluster.num_gpus
+    found: list[Violation] = []
+    outside = sorted({g for g in gpus if not 0 <= g < n})
+    if outside:
+        found.append(
+            Violation("placement_bijection", f"GPUs {outside[:8]} do not exist (cluster has {n})")
+        )
+    seen: set[int] = set()
+    twice = sorted({g for g in gpus if g in seen or seen.add(g)})
+    if twice:
+        found.append(Violation("placement_bijection", f"GPUs {twice[:8]} hold more than one rank"))
+    return found
+
+
+def check_tp_within_node(instance: Instance, plan: Plan) -> list[Violation]:
+    """The tp ranks of every unit share one node (tensor parallelism needs NVLink)."""
+    cluster = instance.cluster
+    found = []
+    for u, unit in enumerate(plan.placement):
+        nodes = {cluster.node_of(g) for g in unit if 0 <= g < cluster.num_gpus}
+        if len(nodes) > 1:
+            stage, replica = divmod(u, plan.dp)
+            found.append(
+                Violation(
+                    "tp_within_node",
+                    f"unit stage {stage} replica {replica} spans nodes {sorted(nodes)}",
+                )
+            )
+    return found
+
+
+def communication_pairs(plan: Plan, tied_embeddings: bool) -> dict[str, set[tuple[int, int]]]:
+    """Ordered GPU pairs that exchange data, by traffic class.
+
+    pp: tp rank t of stage s to tp rank t of stage s+1 of the same replica, both
+    directions (activations forward, gradients back); with interleaving the last
+    stage also feeds stage 0 (next model chunk).  dp: the ring of each stage and
+    tp rank over the replicas in replica order, both directions.  tp: the ring
+    inside each unit.  embedding: first and last stage of a replica (tied
+    embeddings, pp > 1)."""
+    pairs: dict[str, set[tuple[int, int]]] = {
+        "pp": set(),
+        "dp": set(),
+        "tp": set(),
+        "embedding": set(),
+    }
+
+    def both(kind: str, a: int, b: int) -> None:
+        if a != b:
+            pairs[kind].update({(a, b), (b, a)})
+
+    hops = [(s, s + 1) for s in range(plan.pp - 1)]
+    if plan.vpp > 1 and plan.pp > 1:
+        hops.append((plan.pp - 1, 0))
+    for d in range(plan.dp):
+        for s, nxt in hops:
+            for a, b in zip(plan.unit_gpus(s, d), plan.unit_gpus(nxt, d), strict=True):
+                both("pp", a, b)
+        if tied_embeddings and plan.pp > 1:
+            for a, b in zip(plan.unit_gpus(0, d), plan.unit_gpus(plan.pp - 1, d), strict=True):
+                both("embedding", a, b)
+    for s in range(plan.pp):
+        for t in range(plan.tp):
+            ring = [plan.unit_gpus(s, d)[t] for d in range(plan.dp)]
+            for i, a in enumerate(ring):
+                both("dp", a, ring[(i + 1) % len(ring)])
+    for unit in plan.placement:
+        for i, a in enumerate(unit):
+            both("tp", a, unit[(i + 1) % len(unit)])
+    return pairs
+
+
+def check_no_failed_link(instance: Instance, plan: Plan) -> list[Violation]:
+    """No traffic over a failed (zero-bandwidth) GPU pair."""
+    cluster = instance.cluster
+    n = cluster.num_gpus
+    failed = cluster.failed_mask
+    found = []
+    for kind, pairs in communication_pairs(plan, instance.model.tied_embeddings).items():
+        bad = sorted((a, b) for a, b in pairs if 0 <= a < n and 0 <= b < n and failed[a, b])
+        if bad:
+            found.append(
+                Violation("no_failed_link", f"{kind} traffic over failed GPU pairs {bad[:6]}")
+            )
+    return found
+
+
+def check_memory_limit(instance: Instance, plan: Plan) -> list[Violation]:
+    """Every GPU's predicted peak memory within the usable memory of its type."""
+    cluster = instance.cluster
+    found = []
+    for stage, breakdown in enumerate(memory_by_stage(instance.model, instance.training, plan)):
+        gpus = [
+            g for d in range(plan.dp) for g in plan.unit_gpus(stage, d) if 0 <= g < cluster.num_gpus
+        ]
+        types = {cluster.gpu_of_node(cluster.node_of(g)) for g in gpus}
+        smallest = min(types, key=usable_memory_bytes)
+        limit = usable_memory_bytes(smallest)
+        if breakdown.total_bytes > limit:
+            found.append(
+                Violation(
+                    "memory_limit",
+                    f"stage {stage} needs {breakdown.total_bytes / 1e9:.2f} GB per GPU, "
+                    f"{smallest.name} has {limit / 1e9:.2f} GB usable",
+                )
+            )
+    return found
+
+
+#: Every family, in the order a user should fix them.
+CHECKS: dict[str, Callable[[Instance, Plan], list[Violation]]] = {
+    "split_covers_layers": check_split_covers_layers,
+    "split_contiguous": check_split_contiguous,
+    "placement_bijection": check_placement_bijection,
+    "tp_within_node": check_tp_within_node,
+    "no_failed_link": check_no_failed_link,
+    "memory_limit": check_memory_limit,
+}
+
+
+def check_plan(instance: Instance, plan: Plan) -> list[Violation]:
+    """All violations of ``plan`` on ``instance`` (empty when valid)."""
+    found: list[Violation] = []
+    for check in CHECKS.values():
+        found.extend(check(instance, plan))
+    return found
+
+
+def assert_valid(instance: Instance, plan: Plan) -> None:
+    """Raise :class:`InfeasibleError` listing the violations, if any."""
+    found = check_plan(instance, plan)
+    if found:
+        raise InfeasibleError("; ".join(str(v) for v in found))

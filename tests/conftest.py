@@ -1,0 +1,48 @@
+"""Small instances built directly from specs (no files), shared by the tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipette_cp.clusters.expand import cluster_from_node_matrix
+from pipette_cp.specs import Instance, ModelSpec, SearchSpace, TrainingSpec, resolve_gpu
+
+
+def small_instance(
+    nodes: int = 2,
+    gpus_per_node: int = 4,
+    layers: int = 8,
+    node_bandwidth: np.ndarray | None = None,
+    gpu: str = "a100",
+    global_batch_size: int = 16,
+) -> Instance:
+    """A GPT-like 8-layer model on ``nodes`` x ``gpus_per_node`` A100s."""
+    model = ModelSpec(
+        name="small-gpt",
+        num_layers=layers,
+        hidden_size=1024,
+        num_attention_heads=16,
+        ffn_hidden_size=4096,
+        vocab_size=32000,
+        max_seq_length=1024,
+    )
+    matrix = node_bandwidth if node_bandwidth is not None else np.full((nodes, nodes), 20e9)
+    cluster = cluster_from_node_matrix(
+        node_bandwidth=matrix,
+        intra_node=150e9,
+        gpus_per_node=gpus_per_node,
+        gpu=resolve_gpu(gpu),
+        nics_per_node=gpus_per_node,
+        nic_bandwidth_bytes_per_s=25e9,
+        name=f"test-{nodes}x{gpus_per_node}",
+    )
+    training = TrainingSpec(global_batch_size=global_batch_size, seq_length=1024)
+    return Instance(
+        name="small", model=model, cluster=cluster, training=training, search_space=SearchSpace()
+    )
+
+
+@pytest.fixture
+def instance() -> Instance:
+    return small_instance()
