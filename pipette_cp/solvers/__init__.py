@@ -1,0 +1,7 @@
+"""Layer split and placement: exact models (CP-SAT, MILP) and heuristic baselines.
+
+Every method has the signature of :data:`pipette_cp.solvers.base.Method` and is
+chosen by name from :data:`pipette_cp.solvers.base.METHODS`.  Solver objects
+never leave this package; results come back as :class:`~pipette_cp.specs.Plan`
+with a :class:`~pipette_cp.specs.SolveInfo`.
+"""

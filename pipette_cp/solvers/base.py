@@ -1,0 +1,54 @@
+"""The common signature of every split/placement method and the registry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pipette_cp.errors import SpecError
+from pipette_cp.specs import Instance, Plan
+
+
+@dataclass(frozen=True)
+class SolveOptions:
+    """Knobs shared by every method.
+
+    Attributes
+    ----------
+    time_limit_s:
+        Wall-clock budget of the method (heuristics honour it too).
+    seed:
+        Seed of every random choice; same seed, same plan.
+    workers:
+        Parallel search workers for the exact solvers (the CI machine has 2 cores).
+    """
+
+    time_limit_s: float = 10.0
+    seed: int = 0
+    workers: int = 1
+
+
+#: A method takes an instance and a *skeleton* plan (degrees and knobs fixed; its
+#: ``layer_split`` and ``placement`` are a starting point that may be ignored) and
+#: returns a complete plan whose ``solve_info`` reports how it was found.
+Method = Callable[[Instance, Plan, SolveOptions], Plan]
+
+#: Registry of methods by name; modules register themselves with :func:`register`.
+METHODS: dict[str, Method] = {}
+
+
+def register(name: str) -> Callable[[Method], Method]:
+    """Decorator adding a method to :data:`METHODS` under ``name``."""
+
+    def wrap(method: Method) -> Method:
+        METHODS[name] = method
+        return method
+
+    return wrap
+
+
+def get_method(name: str) -> Method:
+    """The method called ``name``, or a SpecError listing the known ones."""
+    if name not in METHODS:
+        raise SpecError("method", name, f"unknown method; known: {', '.join(sorted(METHODS))}")
+    return METHODS[name]
