@@ -1,0 +1,482 @@
+"""The cluster file (YAML), plain CSV matrices and Pipette's JSON matrix.
+
+Cluster file, ``format: pipette-cp-cluster/1``; every number in user units with
+the unit in its name (GB/s = 1e9 bytes/s as nccl-tests prints it, us), converted
+to SI once, here::
+
+    format: pipette-cp-cluster/1
+    name: h100-cluster00
+    source: nccl-tests sendrecv_perf, ...
+    gpu: H100-SXM5-80GB            # catalogue name or alias, or a GpuSpec mapping
+    gpus_per_node: 8
+    nics_per_node: 8               # default: gpus_per_node
+    nic_bandwidth_gb_per_s: 12.41  # one NIC, one direction, under load
+    intra_node_bandwidth_gb_per_s: 150.7   # scalar or G x G list; default: NVLink
+    intra_node_latency_us: 5
+    inter_node_latency_us: 10
+    node_names: [cnode2-001, ...]
+    node_groups: [0, 0, 1, ...]    # optional (switch group of each node)
+    node_bandwidth_gb_per_s:       # N x N; null or 0 = failed; diagonal ignored
+    - [null, 13.54, 0, ...]
+
+Instead of ``gpu``, a mixed cluster lists ``node_gpu_types`` (one name or
+mapping per node).  Instead of ``node_bandwidth_gb_per_s``, a file holds either
+``gpu_bandwidth_gb_per_s`` (the full GPU x GPU matrix) or ``nominal: true``
+with ``inter_node_bandwidth_gb_per_s`` and ``num_nodes`` or ``node_names``.
+:func:`write_cluster_file` writes the node form when the GPU matrix is exactly
+a node expansion, ``nominal`` when in addition all node pairs are equal, and
+the GPU form otherwise.
+
+CSV: a header row of names (optionally after a corner cell, then every row
+starts with its name), GB/s, an empty cell = failed.  Pipette's JSON
+(github.com/yimjinkyu1/date2024_pipette, ``mh_simulated_annealing_opt.py``):
+``{"gpus": [node names], "bandwidth": [[GB/s]]}`` - the entries are *nodes*
+(its annealer places whole nodes) and the diagonal is the intra-node
+bandwidth (it prices the inner data-parallel ring with ``latency[n][n]``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from pipette_cp.clusters.expand import expand_node_matrix
+from pipette_cp.errors import InputFileError, SpecError
+from pipette_cp.io.files import read_mapping, read_text
+from pipette_cp.specs._base import validate_spec
+from pipette_cp.specs.cluster import ClusterSpec
+from pipette_cp.specs.gpu import GPU_CATALOG, GpuSpec, resolve_gpu
+from pipette_cp.units import GB, US, MiB
+
+FORMAT = "pipette-cp-cluster/1"
+_MATRICES = ("node_bandwidth_gb_per_s", "gpu_bandwidth_gb_per_s", "nominal")
+_KEYS = {
+    "format", "name", "source", "gpu", "node_gpu_types", "gpus_per_node", "num_nodes",
+    "nics_per_node", "nic_bandwidth_gb_per_s", "intra_node_bandwidth_gb_per_s",
+    "inter_node_bandwidth_gb_per_s", "intra_node_latency_us", "inter_node_latency_us",
+    "node_names", "node_groups", *_MATRICES,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LabelledMatrix:
+    """A node x node matrix read from CSV or JSON, bytes/s (0 = failed)."""
+
+    names: tuple[str, ...]
+    bandwidth_bytes_per_s: np.ndarray
+    intra_node_bytes_per_s: float | None = None
+
+
+# ------------------------------------------------------------------ YAML reading
+def cluster_from_mapping(data: dict[str, Any], where: str = "cluster") -> ClusterSpec:
+    """A :class:`ClusterSpec` from the cluster-file fields (module doc).
+
+    Parameters
+    ----------
+    data : dict
+        The fields, in user units; ``format`` is optional here (an instance file
+        may hold a cluster inline).
+    where : str
+        Prefix of the field names in errors.
+
+    Returns
+    -------
+    ClusterSpec
+
+    Raises
+    ------
+    SpecError
+        One line naming ``where.field``, the value and what was expected.
+
+    Examples
+    --------
+    >>> c = cluster_from_mapping({"gpu": "h100", "gpus_per_node": 8, "num_nodes": 2,
+    ...     "nominal": True, "inter_node_bandwidth_gb_per_s": 40, "nic_bandwidth_gb_per_s": 50})
+    >>> c.describe(), c.bandwidth_bytes_per_s[0, 8]
+    ('2 x 8 H100-SXM5-80GB, 8 NICs x 50.0 GB/s', np.float64(40000000000.0))
+    """
+    if not isinstance(data, dict):
+        raise SpecError(where, data, "expected a mapping of cluster fields")
+    unknown = sorted(set(data) - _KEYS)
+    if unknown:
+        raise SpecError(
+            f"{where}.{unknown[0]}",
+            data[unknown[0]],
+            "unknown field (check its spelling and its unit suffix)",
+        )
+    if data.get("format", FORMAT) != FORMAT:
+        raise SpecError(f"{where}.format", data["format"], f"expected {FORMAT!r}")
+    given = [k for k in _MATRICES if data.get(k) not in (None, False)]
+    if len(given) != 1:
+        raise SpecError(where, given, f"give exactly one of {', '.join(_MATRICES)}")
+    g = _positive_int(data, "gpus_per_node", where)
+    names = data.get("node_names")
+    if given[0] == "gpu_bandwidth_gb_per_s":
+        gpu_matrix = _matrix(data[given[0]], f"{where}.{given[0]}")
+        if gpu_matrix.shape[0] % g:
+            raise SpecError(
+                f"{where}.{given[0]}",
+                f"{gpu_matrix.shape[0]} rows",
+                f"must be a multiple of gpus_per_node={g}",
+            )
+        n = gpu_matrix.shape[0] // g
+    elif given[0] == "node_bandwidth_gb_per_s":
+        node_matrix = _matrix(data[given[0]], f"{where}.{given[0]}")
+        n = node_matrix.shape[0]
+    else:
+        n = len(names) if isinstance(names, list) else _positive_int(data, "num_nodes", where)
+        inter = _number(data, "inter_node_bandwidth_gb_per_s", where, required=True)
+        assert inter is not None  # required=True raised otherwise
+        node_matrix = np.full((n, n), inter * GB)
+    if data.get("num_nodes", n) != n:
+        raise SpecError(f"{where}.num_nodes", data["num_nodes"], f"the matrix has {n} nodes")
+    for key in ("node_names", "node_groups"):
+        if isinstance(data.get(key), list) and len(data[key]) != n:
+            raise SpecError(f"{where}.{key}", data[key], f"expected {n} entries, one per node")
+    gpus = _node_gpus(data, n, where)
+    if given[0] != "gpu_bandwidth_gb_per_s":
+        gpu_matrix = _expand(node_matrix, data, gpus, g, where)
+    nics = data.get("nics_per_node", g)
+    nic = _number(data, "nic_bandwidth_gb_per_s", where)
+    if nic is None:  # one stream saturates one NIC: the median healthy inter-node pair
+        off = gpu_matrix[~_same_node(n, g)]
+        nic = float(np.median(off[off > 0])) / GB if (off > 0).any() else 0.0
+    if nic <= 0:
+        raise SpecError(f"{where}.nic_bandwidth_gb_per_s", nic, "must be > 0")
+    fields = {
+        "name": data.get("name", "cluster"),
+        "num_nodes": n,
+        "gpus_per_node": g,
+        "gpu_types": {s.name: s for s in gpus},
+        "node_gpu_types": tuple(s.name for s in gpus),
+        "node_names": tuple(names) if isinstance(names, list) else _default_names(n),
+        "node_groups": tuple(data["node_groups"]) if data.get("node_groups") is not None else None,
+        "nics_per_node": nics,
+        "nic_bandwidth_bytes_per_s": nic * GB,
+        "bandwidth_bytes_per_s": gpu_matrix,
+        "source": data.get("source", ""),
+    }
+    for key in ("intra_node_latency", "inter_node_latency"):
+        if (value := _number(data, f"{key}_us", where)) is not None:
+            fields[f"{key}_s"] = value / (1 / US)  # us -> s; keeps 5 us == 5e-6 exactly
+    return validate_spec(ClusterSpec, fields, where)
+
+
+def _positive_int(data: dict, key: str, where: str) -> int:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise SpecError(f"{where}.{key}", value, "expected a positive integer")
+    return value
+
+
+def _number(data: dict, key: str, where: str, required: bool = False) -> float | None:
+    value = data.get(key)
+    if value is None and not required:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise SpecError(f"{where}.{key}", value, "expected a finite number >= 0")
+    return float(value)
+
+
+def _matrix(value: Any, field: str) -> np.ndarray:
+    """A square GB/s list of lists -> bytes/s; null = 0 (failed)."""
+    if not isinstance(value, list) or not value or not all(isinstance(r, list) for r in value):
+        raise SpecError(field, value, "expected a non-empty list of rows")
+    n = len(value)
+    for i, row in enumerate(value):
+        if len(row) != n:
+            raise SpecError(
+                f"{field}[{i}]", f"{len(row)} values", f"the matrix must be square ({n} x {n})"
+            )
+        for j, x in enumerate(row):
+            bad = isinstance(x, bool) or not (x is None or isinstance(x, int | float))
+            if bad or (x is not None and (not math.isfinite(x) or x < 0)):
+                raise SpecError(f"{field}[{i}][{j}]", x, "expected a finite bandwidth >= 0 or null")
+    return np.array([[0.0 if x is None else x * GB for x in row] for row in value])
+
+
+def _node_gpus(data: dict, n: int, where: str) -> list[GpuSpec]:
+    if ("gpu" in data) == ("node_gpu_types" in data):
+        raise SpecError(where, None, "give exactly one of gpu, node_gpu_types")
+    if "gpu" in data:
+        return [resolve_gpu(data["gpu"], f"{where}.gpu")] * n
+    types = data["node_gpu_types"]
+    if not isinstance(types, list) or len(types) != n:
+        raise SpecError(f"{where}.node_gpu_types", types, f"expected a list of {n} GPU types")
+    specs = [resolve_gpu(t, f"{where}.node_gpu_types[{i}]") for i, t in enumerate(types)]
+    for i, s in enumerate(specs):
+        if s != next(x for x in specs if x.name == s.name):
+            raise SpecError(
+                f"{where}.node_gpu_types[{i}]", s.name, "two different GPUs share this name"
+            )
+    return specs
+
+
+def _expand(node: np.ndarray, data: dict, gpus: list[GpuSpec], g: int, where: str) -> np.ndarray:
+    key = "intra_node_bandwidth_gb_per_s"
+    raw = data.get(key)
+    if isinstance(raw, list):
+        intra: Any = _matrix(raw, f"{where}.{key}")
+        if intra.shape != (g, g):
+            raise SpecError(
+                f"{where}.{key}",
+                f"{intra.shape[0]}x{intra.shape[0]}",
+                f"expected a scalar or {g} x {g}",
+            )
+        return expand_node_matrix(node, intra, g)
+    value = _number(data, key, where)
+    per_node = [value * GB if value is not None else s.nvlink_bandwidth_bytes_per_s for s in gpus]
+    if g > 1 and min(per_node) <= 0:
+        raise SpecError(f"{where}.{key}", raw, "needed (a GPU type without NVLink)")
+    matrix = expand_node_matrix(node, per_node[0], g)
+    for k, intra_k in enumerate(per_node):
+        block = matrix[k * g : (k + 1) * g, k * g : (k + 1) * g]
+        block[~np.eye(g, dtype=bool)] = intra_k
+    return matrix
+
+
+def _same_node(n: int, g: int) -> np.ndarray:
+    return np.kron(np.eye(n, dtype=bool), np.ones((g, g), dtype=bool))
+
+
+def _default_names(n: int) -> tuple[str, ...]:
+    width = max(3, len(str(n - 1)))
+    return tuple(f"node{i:0{width}d}" for i in range(n))
+
+
+def read_cluster_file(path: str | Path) -> ClusterSpec:
+    """Read a cluster file.
+
+    Parameters
+    ----------
+    path : str or Path
+        A YAML file starting with ``format: pipette-cp-cluster/1``.
+
+    Returns
+    -------
+    ClusterSpec
+        Named after the file when it has no ``name``.
+
+    Raises
+    ------
+    InputFileError
+        Any problem, as one line naming the file (a bad field's SpecError text included).
+    """
+    data = read_mapping(path)
+    if data.get("format") != FORMAT:
+        raise InputFileError(path, f"format={data.get('format')!r}: expected {FORMAT!r}")
+    data.setdefault("name", Path(path).stem)
+    try:
+        return cluster_from_mapping(data, where="cluster")
+    except SpecError as exc:
+        raise InputFileError(path, str(exc)) from None
+
+
+# ------------------------------------------------------------------ YAML writing
+class _Row(list):  # type: ignore[type-arg]
+    """A list dumped in flow style (one matrix row per line)."""
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(
+    _Row, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=True)
+)
+
+
+def cluster_to_mapping(cluster: ClusterSpec, decimals: int | None = 3) -> dict[str, Any]:
+    """The cluster-file fields of ``cluster`` (GB/s rounded to ``decimals``)."""
+
+    def gb(x: float) -> float:
+        return round(float(x) / GB, decimals) if decimals is not None else float(x) / GB
+
+    n, g = cluster.num_nodes, cluster.gpus_per_node
+    types = [cluster.gpu_of_node(k) for k in range(n)]
+    out: dict[str, Any] = {"format": FORMAT, "name": cluster.name, "source": cluster.source}
+    if cluster.is_homogeneous:
+        out["gpu"] = _gpu_entry(types[0])
+    else:
+        out["node_gpu_types"] = [_gpu_entry(t) for t in types]
+    out |= {
+        "gpus_per_node": g,
+        "nics_per_node": cluster.nics_per_node,
+        "nic_bandwidth_gb_per_s": gb(cluster.nic_bandwidth_bytes_per_s),
+        "intra_node_latency_us": round(cluster.intra_node_latency_s / US, 6),
+        "inter_node_latency_us": round(cluster.inter_node_latency_s / US, 6),
+        "node_names": _Row(cluster.node_names),
+    }
+    if cluster.node_groups is not None:
+        out["node_groups"] = _Row(cluster.node_groups)
+    blocks = cluster.bandwidth_bytes_per_s.reshape(n, g, n, g).transpose(0, 2, 1, 3)
+    intra = blocks[0, 0]
+    off = ~np.eye(g, dtype=bool)
+    is_node_level = all(
+        np.array_equal(blocks[a, a][off], intra[off]) if a == b else np.ptp(blocks[a, b]) == 0
+        for a in range(n)
+        for b in range(n)
+    )
+    if not is_node_level:
+        out["gpu_bandwidth_gb_per_s"] = [
+            _Row(gb(x) for x in row) for row in cluster.bandwidth_bytes_per_s
+        ]
+        return out
+    if g > 1:
+        uniform = np.ptp(intra[off]) == 0
+        out["intra_node_bandwidth_gb_per_s"] = (
+            gb(intra[off][0]) if uniform else [_Row(gb(x) for x in row) for row in intra]
+        )
+    node = blocks[:, :, 0, 0]
+    inter = node[~np.eye(n, dtype=bool)]
+    if n > 1 and np.ptp(inter) == 0 and inter[0] > 0:
+        return out | {"nominal": True, "inter_node_bandwidth_gb_per_s": gb(inter[0])}
+    rows = [_Row(None if a == b else gb(node[a, b]) for b in range(n)) for a in range(n)]
+    return out | {"node_bandwidth_gb_per_s": rows}
+
+
+def _gpu_entry(gpu: GpuSpec) -> str | dict[str, Any]:
+    return gpu.name if GPU_CATALOG.get(gpu.name) == gpu else gpu.model_dump()
+
+
+def write_cluster_file(
+    cluster: ClusterSpec, path: str | Path, header: str = "", *, decimals: int | None = 3
+) -> None:
+    """Write ``cluster`` as a cluster file.
+
+    Parameters
+    ----------
+    cluster : ClusterSpec
+    path : str or Path
+        Parent folders are created.
+    header : str
+        Written first, each line as a ``#`` comment (source, licence, method).
+    decimals : int or None
+        GB/s are rounded to this many decimals (3 = 1 MB/s); None keeps full precision.
+    """
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    comment = "".join(f"# {line}".rstrip() + "\n" for line in header.splitlines())
+    body = yaml.dump(
+        cluster_to_mapping(cluster, decimals), Dumper=_Dumper, sort_keys=False, width=4096
+    )
+    p.write_text(comment + body, encoding="utf-8")
+
+
+# ------------------------------------------------------------ CSV and Pipette JSON
+def read_matrix_csv(path: str | Path) -> LabelledMatrix:
+    """A node x node CSV matrix in GB/s (module doc); empty cell = failed."""
+    rows = [r for r in csv.reader(io.StringIO(read_text(path))) if any(c.strip() for c in r)]
+    if len(rows) < 2:
+        raise InputFileError(path, "expected a header row of names and at least one row")
+    header = [c.strip() for c in rows[0]]
+    labelled = all(r and r[0].strip() and not _is_number(r[0]) for r in rows[1:])
+    names = header[1:] if labelled else header
+    body = [r[1:] for r in rows[1:]] if labelled else rows[1:]
+    if labelled and [r[0].strip() for r in rows[1:]] != names:
+        raise InputFileError(path, "row names differ from the column names")
+    if len(body) != len(names) or any(len(r) != len(names) for r in body):
+        raise InputFileError(
+            path,
+            f"matrix is not square: {len(names)} names, {len(body)} rows, row lengths {sorted({len(r) for r in body})}",
+        )
+    matrix = np.zeros((len(names), len(names)))
+    for i, row in enumerate(body):
+        for j, cell in enumerate(row):
+            try:
+                value = float(cell) if cell.strip() else 0.0
+            except ValueError:
+                raise InputFileError(
+                    path, f"row {i + 2} column {j + 1}: {cell!r} is not a number"
+                ) from None
+            if not math.isfinite(value) or value < 0:
+                raise InputFileError(
+                    path, f"row {i + 2} column {j + 1}: {cell!r} must be finite and >= 0"
+                )
+            matrix[i, j] = value * GB
+    np.fill_diagonal(matrix, 0.0)
+    return LabelledMatrix(tuple(names), matrix)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def write_matrix_csv(matrix: LabelledMatrix, path: str | Path, decimals: int = 3) -> None:
+    """Write a labelled node matrix as CSV (GB/s; failed pairs and diagonal empty)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["node", *matrix.names])
+    for i, name in enumerate(matrix.names):
+        values = matrix.bandwidth_bytes_per_s[i]
+        writer.writerow(
+            [
+                name,
+                *(
+                    "" if i == j or v <= 0 else round(v / GB, decimals)
+                    for j, v in enumerate(values)
+                ),
+            ]
+        )
+    Path(path).write_text(out.getvalue(), encoding="utf-8")
+
+
+def read_pipette_json(path: str | Path) -> LabelledMatrix:
+    """Pipette's node matrix (module doc).  Also reads Pipette's mpiGraph JSON
+    ``{"0": {receive matrix}, "1": {send matrix}}`` in mpiGraph MB/s (MiB/s; row =
+    receiver in "0"), using "0" as Pipette does; its diagonal is a placeholder."""
+    data = read_mapping(path)
+    mpigraph = "gpus" not in data and "0" in data
+    block = data["0"] if mpigraph else data
+    if not isinstance(block, dict) or not {"gpus", "bandwidth"} <= set(block):
+        raise InputFileError(path, 'expected {"gpus": [...], "bandwidth": [[...]]}')
+    try:
+        matrix = _matrix(block["bandwidth"], "bandwidth")
+    except SpecError as exc:
+        raise InputFileError(path, str(exc)) from None
+    names = [str(x) for x in block["gpus"]]
+    if len(names) != matrix.shape[0]:
+        raise InputFileError(path, f"{len(names)} names for a {matrix.shape[0]}-row matrix")
+    if mpigraph:  # MiB/s, and [receiver][sender] -> [sender][receiver]
+        matrix = matrix.T / GB * MiB
+    diag = np.diagonal(matrix).copy()
+    np.fill_diagonal(matrix, 0.0)
+    intra = float(np.median(diag)) if not mpigraph and (diag > 0).all() else None
+    return LabelledMatrix(tuple(names), matrix, intra)
+
+
+def write_pipette_json(cluster: ClusterSpec, path: str | Path) -> None:
+    """Pipette's JSON of ``cluster``: node matrix in GB/s, mean intra-node on the diagonal."""
+    body = {"gpus": list(cluster.node_names), "bandwidth": (cluster.node_matrix() / GB).tolist()}
+    Path(path).write_text(json.dumps(body), encoding="utf-8")
+
+
+def cluster_from_matrix(
+    matrix: LabelledMatrix, settings: dict[str, Any], where: str = "cluster"
+) -> ClusterSpec:
+    """A cluster from a node matrix plus the other cluster-file fields (``gpu``,
+    ``gpus_per_node``, ...) in ``settings``; the matrix's own intra-node value is
+    used unless ``settings`` gives one."""
+    data = {k: v for k, v in settings.items() if k not in _MATRICES}
+    data["node_names"] = list(matrix.names)
+    data["node_bandwidth_gb_per_s"] = (matrix.bandwidth_bytes_per_s / GB).tolist()
+    if matrix.intra_node_bytes_per_s is not None:
+        data.setdefault("intra_node_bandwidth_gb_per_s", matrix.intra_node_bytes_per_s / GB)
+    return cluster_from_mapping(data, where)
