@@ -7,6 +7,7 @@ prevented it.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -64,8 +65,7 @@ def check_placement_bijection(instance: Instance, plan: Plan) -> list[Violation]
         found.append(
             Violation("placement_bijection", f"GPUs {outside[:8]} do not exist (cluster has {n})")
         )
-    seen: set[int] = set()
-    twice = sorted({g for g in gpus if g in seen or seen.add(g)})
+    twice = sorted(g for g, count in Counter(gpus).items() if count > 1)
     if twice:
         found.append(Violation("placement_bijection", f"GPUs {twice[:8]} hold more than one rank"))
     return found

@@ -6,9 +6,8 @@ the error's exit code; ``--debug`` shows the traceback instead.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-import click
 import typer
 from rich.console import Console
 from typer.core import TyperGroup
@@ -24,7 +23,7 @@ _state = {"debug": False}
 class _ErrorsAsOneLine(TyperGroup):
     """Turn library errors into a one-line message and an exit code."""
 
-    def invoke(self, ctx: click.Context) -> object:
+    def invoke(self, ctx: Any) -> Any:  # click.Context (typer may vendor click)
         try:
             return super().invoke(ctx)
         except PipetteError as exc:

@@ -76,7 +76,7 @@ def evaluation_table(plan: Plan, evaluation: Evaluation) -> Group:
     memory = Table(title="Memory per stage (most loaded GPU)", title_justify="left")
     memory.add_column("stage", justify="right")
     memory.add_column("GB", justify="right")
-    for stage, value in enumerate(evaluation.memory_bytes_by_stage):
-        over = value > evaluation.memory_limit_bytes
-        memory.add_row(str(stage), f"[red]{value / GB:.1f}[/]" if over else f"{value / GB:.1f}")
+    for stage, used in enumerate(evaluation.memory_bytes_by_stage):
+        over = used > evaluation.memory_limit_bytes
+        memory.add_row(str(stage), f"[red]{used / GB:.1f}[/]" if over else f"{used / GB:.1f}")
     return Group(head, parts, memory)

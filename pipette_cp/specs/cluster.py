@@ -94,7 +94,7 @@ class ClusterSpec(FrozenSpec):
             return
         ok = self.bandwidth_bytes_per_s > 0
         for node in range(self.num_nodes):
-            rows = self.gpus_of_node(node)
+            rows = np.arange(node * self.gpus_per_node, (node + 1) * self.gpus_per_node)
             outside = np.ones(self.num_gpus, dtype=bool)
             outside[rows] = False
             if not (ok[np.ix_(rows, outside)].any() and ok[np.ix_(outside, rows)].any()):
