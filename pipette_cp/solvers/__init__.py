@@ -5,3 +5,9 @@ chosen by name from :data:`pipette_cp.solvers.base.METHODS`.  Solver objects
 never leave this package; results come back as :class:`~pipette_cp.specs.Plan`
 with a :class:`~pipette_cp.specs.SolveInfo`.
 """
+
+# Importing the method modules registers them in METHODS.
+from pipette_cp.solvers import amp, baselines, pipette_sa  # noqa: E402
+from pipette_cp.solvers.base import METHODS, Method, SolveOptions, get_method  # noqa: E402
+
+__all__ = ["METHODS", "Method", "SolveOptions", "amp", "baselines", "get_method", "pipette_sa"]
