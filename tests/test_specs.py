@@ -221,3 +221,14 @@ def test_megatron_placement_is_a_bijection_in_rank_order(dp: int, pp: int, tp: i
     assert units[0] == tuple(range(tp))
     if dp > 1:
         assert units[1][0] == tp
+
+
+def test_cluster_equality_compares_the_matrix() -> None:
+    matrix = np.full((4, 4), 5e9)
+    a = validate_spec(ClusterSpec, _cluster_fields(matrix), "cluster")
+    b = validate_spec(ClusterSpec, _cluster_fields(matrix.copy()), "cluster")
+    other = matrix.copy()
+    other[0, 1] = 1e9
+    c = validate_spec(ClusterSpec, _cluster_fields(other), "cluster")
+    assert a == b and hash(a) == hash(b)
+    assert a != c

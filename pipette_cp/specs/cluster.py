@@ -103,6 +103,22 @@ class ClusterSpec(FrozenSpec):
                     "drop it from the cluster"
                 )
 
+    def __eq__(self, other: object) -> bool:
+        # pydantic compares __dict__, which is ambiguous for the numpy matrix.
+        if not isinstance(other, ClusterSpec):
+            return NotImplemented
+        mine, theirs = dict(self.__dict__), dict(other.__dict__)
+        matrix, other_matrix = (
+            mine.pop("bandwidth_bytes_per_s"),
+            theirs.pop("bandwidth_bytes_per_s"),
+        )
+        return mine == theirs and np.array_equal(matrix, other_matrix)
+
+    def __hash__(self) -> int:
+        return hash(
+            (self.name, self.num_nodes, self.gpus_per_node, float(self.bandwidth_bytes_per_s.sum()))
+        )
+
     # ----------------------------------------------------------------- helpers
     @property
     def num_gpus(self) -> int:

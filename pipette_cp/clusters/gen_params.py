@@ -1,0 +1,198 @@
+"""Parameter checks and the leaf-structured base fabric shared by the generators.
+
+Checks raise :class:`~pipette_cp.errors.SpecError` with the field named
+``<kind>.<parameter>`` and the allowed range, e.g.
+``oversubscribed.oversubscription=5: must be one of 2.8, 7, 15 (DESIGN.md section 5)``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from numbers import Real
+from typing import Any
+
+import numpy as np
+
+from pipette_cp.clusters.gen_fabric import Fabric, Noise, persistent_noise
+from pipette_cp.clusters.gen_noise import group_log_factor, log_split_of, upper_pairs
+from pipette_cp.errors import SpecError
+from pipette_cp.specs.gpu import GpuSpec, resolve_gpu
+from pipette_cp.units import GB
+
+#: Docstring of the noise parameters every generator takes (numbers: DESIGN.md section 5).
+NOISE_DOC = """
+    noise_sigma : float
+        Lognormal standard deviation of a healthy pair around its switch-group level,
+        direction part (0.024) included: about the healthy CV within one leaf.
+        DESIGN.md section 5 gives "sigma ~0.03" and healthy CVs of 0.2-4 % (xxrjun
+        H100 clusters: 0.5 % and, leaf structure included, 4.1 %); 0.026 keeps a
+        cluster of two leaves at 0.95 x under 4 % (about 3.7 %).
+    direction_sigma : float
+        Standard deviation of each direction's own log-deviation; the mean relative
+        asymmetry is ``2 direction_sigma / sqrt(pi)`` = 4.0 % for DESIGN.md's 0.035.
+    persistent_share : float
+        Share of the noise variance that persists between snapshots: the pair
+        correlation of two snapshots of one leaf (DESIGN.md: ~0.55); leaf structure
+        and the outlier pair, which persist, raise it.
+    asymmetry_clip : float
+        Cap on any pair's relative direction asymmetry (DESIGN.md: max 15 %).
+    asymmetry_outlier : float
+        Asymmetry of one random outlier pair in clusters of 8 or more nodes
+        (DESIGN.md: 31 % on one pair); 0 for none."""
+
+#: Clusters smaller than this get no asymmetry outlier pair.
+OUTLIER_MIN_NODES = 8
+
+
+def with_noise_doc(func: Any) -> Any:
+    """Decorator: substitute ``{noise}`` in a generator's docstring with :data:`NOISE_DOC`."""
+    if func.__doc__:
+        func.__doc__ = func.__doc__.replace("    {noise}", NOISE_DOC.strip("\n"))
+    return func
+
+
+# ------------------------------------------------------------------ checks
+def number(field: str, value: Any, low: float, high: float, *, open_low: bool = False) -> float:
+    """``value`` as a float in ``[low, high]`` (``(low, high]`` if ``open_low``)."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        raise SpecError(field, value, "expected a number")
+    bad_low = value <= low if open_low else value < low
+    if bad_low or value > high:
+        left = "(" if open_low else "["
+        raise SpecError(field, value, f"must be in {left}{low:g}, {high:g}]")
+    return float(value)
+
+
+def integer(field: str, value: Any, low: int, why: str = "") -> int:
+    """``value`` as an int ``>= low``; ``why`` explains the bound in the message."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise SpecError(field, value, "expected an integer")
+    if value < low:
+        raise SpecError(field, value, f"must be >= {low}" + (f" {why}" if why else ""))
+    return int(value)
+
+
+def choice(field: str, value: Any, options: tuple[Any, ...], why: str = "") -> Any:
+    """``value`` if it equals one of ``options`` (numbers compared to 1e-9)."""
+    for option in options:
+        if isinstance(option, Real) and isinstance(value, Real) and not isinstance(value, bool):
+            if abs(float(value) - float(option)) <= 1e-9 * max(1.0, abs(float(option))):
+                return option
+        elif value == option:
+            return option
+    listed = ", ".join(f"{o:g}" if isinstance(o, float) else str(o) for o in options)
+    raise SpecError(field, value, f"must be one of {listed}" + (f" {why}" if why else ""))
+
+
+def gpu_type(field: str, value: Any) -> GpuSpec:
+    """A catalogue GPU by name (see :func:`pipette_cp.specs.gpu.resolve_gpu`)."""
+    return resolve_gpu(value, field)
+
+
+def noise_model(kind: str, params: dict[str, Any]) -> Noise:
+    """Check the noise parameters of ``kind`` and build the :class:`Noise`."""
+    direction = number(f"{kind}.direction_sigma", params["direction_sigma"], 0.0, 0.06)
+    clip = number(f"{kind}.asymmetry_clip", params["asymmetry_clip"], 0.0, 1.0, open_low=True)
+    if 2.0 * direction / math.sqrt(math.pi) >= 0.95 * clip:
+        raise SpecError(
+            f"{kind}.asymmetry_clip",
+            clip,
+            f"must exceed the mean asymmetry 2 direction_sigma/sqrt(pi) = "
+            f"{2 * direction / math.sqrt(math.pi):.3f} of direction_sigma={direction:g}",
+        )
+    noise = Noise(
+        sigma=number(f"{kind}.noise_sigma", params["noise_sigma"], 0.0, 0.5),
+        direction_sigma=direction,
+        persistent_share=number(f"{kind}.persistent_share", params["persistent_share"], 0.0, 1.0),
+        asymmetry_clip=clip,
+    )
+    floor = math.sqrt(noise.direction_variance)
+    if noise.sigma < floor - 1e-12:
+        raise SpecError(
+            f"{kind}.noise_sigma",
+            noise.sigma,
+            f"must be >= {floor:.4f}, the part that direction_sigma={direction:g} already adds",
+        )
+    number(f"{kind}.asymmetry_outlier", params["asymmetry_outlier"], 0.0, 1.0)
+    return noise
+
+
+def parameters_of(builder: Callable[..., Fabric]) -> dict[str, Any]:
+    """The keyword parameters of a generator and their defaults (``nodes`` has none)."""
+    skip = {"rng", "nodes", "base_params"}
+    return {
+        name: p.default
+        for name, p in inspect.signature(builder).parameters.items()
+        if name not in skip and p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+
+
+def call_builder(
+    kind: str,
+    builder: Callable[..., Fabric],
+    rng: np.random.Generator,
+    nodes: int,
+    params: dict[str, Any],
+    extra: tuple[str, ...] = (),
+) -> Fabric:
+    """Call ``builder`` after rejecting unknown parameter names with a :class:`SpecError`.
+
+    ``extra`` names parameters the builder forwards to another one (a base generator).
+    """
+    known = parameters_of(builder)
+    for name in params:
+        if name not in known and name not in extra:
+            listed = ", ".join(sorted([*known, *extra]))
+            raise SpecError(f"{kind}.{name}", params[name], f"unknown parameter; known: {listed}")
+    return builder(rng, nodes=nodes, **params)
+
+
+# ------------------------------------------------------------------ base fabric
+def leaf_fabric(
+    rng: np.random.Generator,
+    *,
+    kind: str,
+    groups: np.ndarray,
+    level_bytes_per_s: float,
+    cross_group_factor: float,
+    gpu: GpuSpec,
+    gpus_per_node: int,
+    intra_node: float | np.ndarray,
+    nics_per_node: int,
+    nic_gbytes_per_s: float,
+    noise_params: dict[str, Any],
+) -> Fabric:
+    """A healthy fabric: ``level`` inside a group, ``x cross_group_factor`` across, plus noise.
+
+    Draw order: persistent symmetric noise, persistent direction normals, outlier pair.
+    """
+    nodes = groups.size
+    noise = noise_model(kind, noise_params)
+    symmetric, direction = persistent_noise(rng, nodes, noise)
+    log_level = math.log(level_bytes_per_s) + group_log_factor(groups, cross_group_factor)
+    log_level = log_level + symmetric
+    np.fill_diagonal(log_level, 0.0)
+    outlier = None
+    asym = float(noise_params["asymmetry_outlier"])
+    if asym > 0.0 and nodes >= OUTLIER_MIN_NODES:
+        rows, cols = upper_pairs(nodes)
+        pick = int(rng.integers(rows.size))
+        sign = 1.0 if rng.random() < 0.5 else -1.0
+        outlier = (int(rows[pick]), int(cols[pick]), sign * log_split_of(asym))
+    return Fabric(
+        label="",
+        gpu=gpu,
+        gpus_per_node=gpus_per_node,
+        intra_node=intra_node,
+        nics_per_node=nics_per_node,
+        nic_bandwidth_bytes_per_s=nic_gbytes_per_s * GB,
+        groups=np.asarray(groups, dtype=np.int64),
+        log_level=log_level,
+        failed=np.zeros((nodes, nodes), dtype=bool),
+        direction_z=direction,
+        noise=noise,
+        source="",
+        outlier=outlier,
+    )
