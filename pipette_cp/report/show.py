@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from pipette_cp.clusters.stats import DEGRADED_BELOW, cluster_stats
 from pipette_cp.specs import ClusterSpec, Instance, ModelSpec, TrainingSpec
@@ -111,26 +112,61 @@ def cluster_table(cluster: ClusterSpec, slowest: int = 5) -> Group:
             )
         )
         parts.append(_slowest_pairs(cluster, nodes, slowest))
-    failed = cluster.failed_pairs()
-    if failed:
-        shown = ", ".join(f"{i}->{j}" for i, j in failed[:8])
-        more = f" (+{len(failed) - 8} more)" if len(failed) > 8 else ""
-        parts.append(_kv_table("Failed GPU pairs", [(f"{len(failed)} pairs", shown + more)]))
-    return Group(*parts)
+    if cluster.failed_mask.any():
+        parts.append(_failed(cluster, nodes))
+    return Group(*_spaced(parts))
+
+
+def _spaced(parts: list) -> list:
+    """Renderables separated by blank lines."""
+    out: list = []
+    for part in parts:
+        out.extend([part, Text("")])
+    return out[:-1]
+
+
+def _node_pairs(
+    cluster: ClusterSpec, nodes: np.ndarray, mask: np.ndarray
+) -> list[tuple[int, int, str]]:
+    """Node pairs selected by ``mask``, each unordered pair once when symmetric."""
+    pairs = []
+    for i, j in zip(*np.nonzero(mask), strict=True):
+        symmetric = nodes[i, j] == nodes[j, i] and mask[j, i]
+        if symmetric and j < i:
+            continue
+        pairs.append((int(i), int(j), "<->" if symmetric else "->"))
+    return pairs
 
 
 def _slowest_pairs(cluster: ClusterSpec, nodes: np.ndarray, count: int) -> Table:
     table = Table(title="Slowest node pairs", title_justify="left")
-    for col in ("from", "to", "GB/s", "x median"):
-        table.add_column(col, justify="right" if col != "from" and col != "to" else "left")
+    for col in ("pair", "GB/s", "x median"):
+        table.add_column(col, justify="left" if col == "pair" else "right")
     off = ~np.eye(cluster.num_nodes, dtype=bool)
     alive = off & (nodes > 0)
     median = float(np.median(nodes[alive])) if alive.any() else 1.0
-    order = sorted(zip(*np.nonzero(alive), strict=True), key=lambda ij: nodes[ij])[:count]
-    for i, j in order:
-        names = cluster.node_names
-        table.add_row(names[i], names[j], f"{nodes[i, j] / GB:.2f}", f"{nodes[i, j] / median:.2f}")
+    names = cluster.node_names
+    pairs = sorted(_node_pairs(cluster, nodes, alive), key=lambda p: nodes[p[0], p[1]])[:count]
+    for i, j, arrow in pairs:
+        table.add_row(
+            f"{names[i]} {arrow} {names[j]}",
+            f"{nodes[i, j] / GB:.2f}",
+            f"{nodes[i, j] / median:.2f}",
+        )
     return table
+
+
+def _failed(cluster: ClusterSpec, nodes: np.ndarray) -> Table:
+    """Failed node pairs (every GPU pair failed) and the count of failed GPU pairs."""
+    off = ~np.eye(cluster.num_nodes, dtype=bool)
+    dead = _node_pairs(cluster, nodes, off & (nodes <= 0))
+    names = cluster.node_names
+    shown = ", ".join(f"{names[i]} {arrow} {names[j]}" for i, j, arrow in dead[:6])
+    more = f" (+{len(dead) - 6} more)" if len(dead) > 6 else ""
+    rows = [("GPU pairs", str(len(cluster.failed_pairs())))]
+    if dead:
+        rows.append((f"{len(dead)} node pairs", shown + more))
+    return _kv_table("Failed pairs (never used)", rows)
 
 
 def instance_report(instance: Instance) -> Group:
