@@ -1,0 +1,191 @@
+"""The command line: the happy paths and the bad-input catalogue (one line, no traceback)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from pipette_cp.cli import app
+from pipette_cp.io.cluster_file import read_cluster_file
+from pipette_cp.io.instance_file import DEFAULT_INSTANCE, list_instances
+
+runner = CliRunner()
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+def test_list_and_show_default() -> None:
+    code, out = run("list")
+    assert code == 0 and f"{DEFAULT_INSTANCE}  (default)" in out
+    code, out = run("show")
+    assert code == 0 and "total params" in out and "healthy CV" in out
+
+
+@pytest.mark.parametrize("what", ["models", "gpus", "generators"])
+def test_list_catalogues(what: str) -> None:
+    code, out = run("list", what)
+    assert code == 0 and out.strip()
+
+
+def test_generate_writes_a_loadable_cluster_file(tmp_path: Path) -> None:
+    out = tmp_path / "g3.yaml"
+    code, text = run(
+        "cluster", "generate", "degraded", "--nodes", "6", "--seed", "3", "-o", str(out)
+    )
+    assert code == 0, text
+    cluster = read_cluster_file(out)
+    assert cluster.num_nodes == 6 and cluster.name == "g3-degraded-n6-s3"
+
+
+def test_generate_timeline_writes_one_file_per_snapshot(tmp_path: Path) -> None:
+    code, text = run(
+        "cluster", "generate", "g6", "-n", "4", "--snapshots", "3", "-o", str(tmp_path / "t.yaml")
+    )
+    assert code == 0, text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t-t00.yaml", "t-t01.yaml", "t-t02.yaml"]
+
+
+def test_schema_export(tmp_path: Path) -> None:
+    code, _ = run("schema", "-o", str(tmp_path))
+    assert code == 0 and (tmp_path / "Plan.schema.json").exists()
+
+
+def _instance(tmp_path: Path, **parts: object) -> Path:
+    data: dict[str, object] = {
+        "model": "tiny-gpt",
+        "cluster": {"generator": {"kind": "healthy-a100", "nodes": 2, "seed": 0}},
+        "training": {"global_batch_size": 8, "seq_length": 256},
+    }
+    data.update(parts)
+    path = tmp_path / "inst.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _nominal(**over: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "gpu": "a100",
+        "num_nodes": 2,
+        "gpus_per_node": 2,
+        "nics_per_node": 1,
+        "nic_bandwidth_gb_per_s": 25,
+        "intra_node_bandwidth_gb_per_s": 200,
+        "node_bandwidth_gb_per_s": [[None, 20], [20, None]],
+    }
+    base.update(over)
+    return base
+
+
+def _matrix_model(**over: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "name": "m",
+        "num_layers": 2,
+        "hidden_size": 256,
+        "num_attention_heads": 8,
+        "ffn_hidden_size": 1024,
+        "vocab_size": 1000,
+        "max_seq_length": 256,
+    }
+    base.update(over)
+    return base
+
+
+BAD_INPUTS = {
+    "missing file": (None, "no such file"),
+    "unknown instance": ("no-such-instance", "no such file or bundled instance"),
+    "unknown GPU": ({"cluster": _nominal(gpu="B300")}, "unknown GPU"),
+    "non-square matrix": (
+        {"cluster": _nominal(node_bandwidth_gb_per_s=[[None, 20]])},
+        "node_bandwidth_gb_per_s",
+    ),
+    "wrongly sized matrix": (
+        {"cluster": _nominal(node_bandwidth_gb_per_s=[[None, 1, 1], [1, None, 1], [1, 1, None]])},
+        "node",
+    ),
+    "NaN bandwidth": (
+        {"cluster": _nominal(node_bandwidth_gb_per_s=[[None, ".nan"], [20, None]])},
+        "nan",
+    ),
+    "negative bandwidth": (
+        {"cluster": _nominal(node_bandwidth_gb_per_s=[[None, -5], [20, None]])},
+        "[0][1]=-5: expected a finite bandwidth >= 0",
+    ),
+    "node with all links failed": (
+        {
+            "cluster": _nominal(
+                num_nodes=3, node_bandwidth_gb_per_s=[[None, 0, 0], [0, None, 9], [0, 9, None]]
+            )
+        },
+        "every inter-node link failed",
+    ),
+    "heads not divisible by kv heads": ({"model": _matrix_model(num_kv_heads=3)}, "num_kv_heads=3"),
+    "unknown model": ({"model": "llama-9-7b"}, "llama-9-7b"),
+    "bad training value": (
+        {"training": {"global_batch_size": -1, "seq_length": 256}},
+        "global_batch_size=-1",
+    ),
+    "unknown instance field": ({"trainig": {}}, "trainig"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS), ids=list(BAD_INPUTS))
+def test_bad_input_is_one_line_and_exit_2(case: str, tmp_path: Path) -> None:
+    parts, expected = BAD_INPUTS[case]
+    if parts is None:
+        target = str(tmp_path / "absent.yaml")
+    elif isinstance(parts, str):
+        target = parts
+    else:
+        target = str(_instance(tmp_path, **parts))
+    code, out = run("show", target)
+    assert code == 2, out
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), out
+    assert expected.lower() in out.lower(), out
+    assert "Traceback" not in out
+
+
+def test_malformed_yaml_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("model: tiny-gpt\ncluster: [unclosed\n")
+    code, out = run("show", str(path))
+    assert code == 2 and "malformed YAML at line" in out
+
+
+def test_malformed_json(tmp_path: Path) -> None:
+    path = tmp_path / "broken.json"
+    path.write_text('{"model": "tiny-gpt",')
+    code, out = run("show", str(path))
+    assert code == 2 and "malformed JSON" in out
+
+
+def test_hf_config_missing_a_field(tmp_path: Path) -> None:
+    config = json.loads((FIXTURES / "hf" / "meta-llama--Llama-2-7b-hf.json").read_text())
+    del config["hidden_size"]
+    hf = tmp_path / "config.json"
+    hf.write_text(json.dumps(config))
+    code, out = run("show", str(_instance(tmp_path, model={"hf_config": str(hf)})))
+    assert code == 2 and "hidden_size" in out
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["--debug", "show", str(tmp_path / "absent.yaml")])
+    assert result.exception is not None and result.exit_code != 0
+
+
+def test_every_bundled_instance_loads() -> None:
+    from pipette_cp.io.instance_file import load_instance
+
+    names = list_instances()
+    assert len(names) >= 24
+    sizes = [load_instance(n).cluster.num_gpus for n in names if "4096" not in n]
+    assert min(sizes) == 8 and max(sizes) == 1024
+    assert sum("4096" in n for n in names) >= 4
