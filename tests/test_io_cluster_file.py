@@ -1,4 +1,5 @@
-"""The cluster file (YAML), CSV matrices and Pipette's JSON: round trips and one-line errors."""
+"""The cluster file (io/cluster_file.py), CSV matrices and Pipette's JSON (io/matrix_files.py):
+round trips and one-line errors."""
 
 from __future__ import annotations
 
@@ -17,14 +18,16 @@ from pipette_cp.clusters.expand import cluster_from_node_matrix
 from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.cluster_file import (
     FORMAT,
-    LabelledMatrix,
     cluster_from_mapping,
-    cluster_from_matrix,
     cluster_to_mapping,
     read_cluster_file,
+    write_cluster_file,
+)
+from pipette_cp.io.matrix_files import (
+    LabelledMatrix,
+    cluster_from_matrix,
     read_matrix_csv,
     read_pipette_json,
-    write_cluster_file,
     write_matrix_csv,
     write_pipette_json,
 )

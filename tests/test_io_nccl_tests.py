@@ -1,4 +1,5 @@
-"""nccl-tests log parsing and pairwise-directory conversion, on verbatim upstream logs."""
+"""nccl-tests log parsing (io/nccl_tests.py) and pairwise matrices and conversion
+(io/nccl_pairwise.py), on verbatim upstream logs."""
 
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ import numpy as np
 import pytest
 
 from pipette_cp.errors import InputFileError, SpecError
-from pipette_cp.io.nccl_tests import (
-    MESSAGE_WINDOW_BYTES,
+from pipette_cp.io.nccl_pairwise import (
     convert_nccl_tests_dir,
-    gpu_from_device_name,
     intra_node_estimate,
     nic_load_estimate,
     pairwise_matrix,
+)
+from pipette_cp.io.nccl_tests import (
+    MESSAGE_WINDOW_BYTES,
+    failed_tests,
+    gpu_from_device_name,
     parse_nccl_tests_log,
     read_nccl_tests_dir,
     read_nccl_tests_log,
@@ -187,7 +191,7 @@ def test_pairwise_matrix_of_four_nodes():
 
 
 def test_pairwise_matrix_at_g8_and_missing_pairs(tmp_path: Path):
-    g8 = pairwise_matrix(read_nccl_tests_dir(PAIRWISE), gpus_per_node=8)
+    g8 = pairwise_matrix(read_nccl_tests_dir(PAIRWISE), gpus_per_test=8)
     assert g8.bandwidth_bytes_per_s[1, 3] == 0.0
     assert "NCCL failure" in g8.failed_pairs[0][2]
     for name in ("nccl_N2_G1_cnode2-001_cnode2-002.log", "nccl_N2_G1_cnode2-001_cnode2-004.log"):
@@ -195,7 +199,7 @@ def test_pairwise_matrix_at_g8_and_missing_pairs(tmp_path: Path):
     pm = pairwise_matrix(read_nccl_tests_dir(tmp_path))
     assert ("cnode2-002", "cnode2-004", "no log") in pm.failed_pairs
     with pytest.raises(InputFileError, match="G=4"):
-        pairwise_matrix(read_nccl_tests_dir(tmp_path), gpus_per_node=4)
+        pairwise_matrix(read_nccl_tests_dir(tmp_path), gpus_per_test=4)
 
 
 def test_missing_second_test_names_the_earlier_failure(tmp_path: Path):
@@ -211,8 +215,46 @@ def test_nic_load_estimate_from_g8_alltoall():
     node = nic_load_estimate(logs)
     # 8 x algbw / 2 of the healthy G=8 alltoall runs (algbw ~25.1 GB/s at 32 MiB-1 GiB)
     assert node == pytest.approx(100.2e9, rel=0.01)
-    assert nic_load_estimate(logs, gpus_per_node=1) == pytest.approx(13.4e9, rel=0.01)
-    assert nic_load_estimate(logs, gpus_per_node=2) is None
+    assert nic_load_estimate(logs, gpus_per_test=1) == pytest.approx(13.4e9, rel=0.01)
+    assert nic_load_estimate(logs, gpus_per_test=2) is None
+
+
+def test_sendrecv_ring_crosses_the_network_once_each_way():
+    """The assumption behind gpus_per_test: ranks 0..g-1 on node A, g..2g-1 on node B,
+    rank r sends to r+1 (mod 2g), so only GPU g-1 -> GPU 0 crosses, in each direction."""
+    for name in ("nccl_N2_G1_cnode2-001_cnode2-002.log", "nccl_N2_G8_cnode2-001_cnode2-002.log"):
+        sendrecv = log(name).test("sendrecv")
+        assert sendrecv is not None
+        hosts, n = sendrecv.hosts, len(sendrecv.hosts)
+        crossing = [(r, (r + 1) % n) for r in range(n) if hosts[r] != hosts[(r + 1) % n]]
+        g = n // 2
+        assert crossing == [(g - 1, g), (n - 1, 0)]
+
+
+def test_gpus_per_test_picks_another_gpu_pair():
+    """G=1 measures GPU 0 <-> GPU 0, G=8 GPU 7 -> GPU 0: cnode2-001/004 is degraded on
+    the first path only (6.76 vs 15.10 GB/s)."""
+    logs = read_nccl_tests_dir(PAIRWISE)
+    g1, g8 = pairwise_matrix(logs), pairwise_matrix(logs, gpus_per_test=8)
+    assert (g1.gpus_per_test, g8.gpus_per_test) == (1, 8)
+    assert g1.bandwidth_bytes_per_s[0, 2] == pytest.approx(6.757e9, rel=1e-3)
+    assert g8.bandwidth_bytes_per_s[0, 2] == pytest.approx(15.096e9, rel=1e-3)
+    cluster = convert_nccl_tests_dir(PAIRWISE, gpus_per_test=8)
+    assert cluster.bandwidth_bytes_per_s[0, 16] == pytest.approx(15.096e9, rel=1e-3)
+    assert cluster.gpus_per_node == 8 and "sendrecv_perf G=8" in cluster.source
+
+
+def test_failed_tests_lists_the_tests_present_that_failed():
+    failed = failed_tests(read_nccl_tests_dir(PAIRWISE))
+    assert [(Path(p).name, t) for p, t, _ in failed] == [
+        ("nccl_N2_G1_cnode2-002_cnode2-008.log", "sendrecv_perf"),
+        ("nccl_N2_G8_cnode2-002_cnode2-008.log", "alltoall_perf"),
+        ("nccl_N2_G8_cnode2-002_cnode2-008.log", "sendrecv_perf"),
+    ]
+    assert "no result table" in failed[0][2] and "NCCL failure" in failed[1][2]
+    # the G=1 job of cnode2-005/016 died in alltoall: sendrecv never started, not counted
+    other = failed_tests([log("nccl_N2_G1_cnode2-005_cnode2-016.log")])
+    assert [t for _, t, _ in other] == ["alltoall_perf"]
 
 
 def test_gpu_from_device_name():

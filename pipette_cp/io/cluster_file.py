@@ -1,8 +1,7 @@
-"""The cluster file (YAML), plain CSV matrices and Pipette's JSON matrix.
+"""The project's cluster file (YAML, ``format: pipette-cp-cluster/1``).
 
-Cluster file, ``format: pipette-cp-cluster/1``; every number in user units with
-the unit in its name (GB/s = 1e9 bytes/s as nccl-tests prints it, us), converted
-to SI once, here::
+Every number is in user units with the unit in its name (GB/s = 1e9 bytes/s as
+nccl-tests prints it, us), converted to SI once, here::
 
     format: pipette-cp-cluster/1
     name: h100-cluster00
@@ -25,23 +24,13 @@ mapping per node).  Instead of ``node_bandwidth_gb_per_s``, a file holds either
 with ``inter_node_bandwidth_gb_per_s`` and ``num_nodes`` or ``node_names``.
 :func:`write_cluster_file` writes the node form when the GPU matrix is exactly
 a node expansion, ``nominal`` when in addition all node pairs are equal, and
-the GPU form otherwise.
-
-CSV: a header row of names (optionally after a corner cell, then every row
-starts with its name), GB/s, an empty cell = failed.  Pipette's JSON
-(github.com/yimjinkyu1/date2024_pipette, ``mh_simulated_annealing_opt.py``):
-``{"gpus": [node names], "bandwidth": [[GB/s]]}`` - the entries are *nodes*
-(its annealer places whole nodes) and the diagonal is the intra-node
-bandwidth (it prices the inner data-parallel ring with ``latency[n][n]``).
+the GPU form otherwise.  CSV matrices and Pipette's JSON are in
+:mod:`pipette_cp.io.matrix_files`.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,29 +39,21 @@ import yaml
 
 from pipette_cp.clusters.expand import expand_node_matrix
 from pipette_cp.errors import InputFileError, SpecError
-from pipette_cp.io.files import read_mapping, read_text
+from pipette_cp.io.files import read_mapping
 from pipette_cp.specs._base import validate_spec
 from pipette_cp.specs.cluster import ClusterSpec
 from pipette_cp.specs.gpu import GPU_CATALOG, GpuSpec, resolve_gpu
-from pipette_cp.units import GB, US, MiB
+from pipette_cp.units import GB, US
 
 FORMAT = "pipette-cp-cluster/1"
-_MATRICES = ("node_bandwidth_gb_per_s", "gpu_bandwidth_gb_per_s", "nominal")
+#: The three ways of giving the inter-node bandwidth (exactly one per file).
+MATRIX_KEYS = ("node_bandwidth_gb_per_s", "gpu_bandwidth_gb_per_s", "nominal")
 _KEYS = {
     "format", "name", "source", "gpu", "node_gpu_types", "gpus_per_node", "num_nodes",
     "nics_per_node", "nic_bandwidth_gb_per_s", "intra_node_bandwidth_gb_per_s",
     "inter_node_bandwidth_gb_per_s", "intra_node_latency_us", "inter_node_latency_us",
-    "node_names", "node_groups", *_MATRICES,
+    "node_names", "node_groups", *MATRIX_KEYS,
 }  # fmt: skip
-
-
-@dataclass(frozen=True)
-class LabelledMatrix:
-    """A node x node matrix read from CSV or JSON, bytes/s (0 = failed)."""
-
-    names: tuple[str, ...]
-    bandwidth_bytes_per_s: np.ndarray
-    intra_node_bytes_per_s: float | None = None
 
 
 # ------------------------------------------------------------------ YAML reading
@@ -114,13 +95,13 @@ def cluster_from_mapping(data: dict[str, Any], where: str = "cluster") -> Cluste
         )
     if data.get("format", FORMAT) != FORMAT:
         raise SpecError(f"{where}.format", data["format"], f"expected {FORMAT!r}")
-    given = [k for k in _MATRICES if data.get(k) not in (None, False)]
+    given = [k for k in MATRIX_KEYS if data.get(k) not in (None, False)]
     if len(given) != 1:
-        raise SpecError(where, given, f"give exactly one of {', '.join(_MATRICES)}")
+        raise SpecError(where, given, f"give exactly one of {', '.join(MATRIX_KEYS)}")
     g = _positive_int(data, "gpus_per_node", where)
     names = data.get("node_names")
     if given[0] == "gpu_bandwidth_gb_per_s":
-        gpu_matrix = _matrix(data[given[0]], f"{where}.{given[0]}")
+        gpu_matrix = bandwidth_rows(data[given[0]], f"{where}.{given[0]}")
         if gpu_matrix.shape[0] % g:
             raise SpecError(
                 f"{where}.{given[0]}",
@@ -129,7 +110,7 @@ def cluster_from_mapping(data: dict[str, Any], where: str = "cluster") -> Cluste
             )
         n = gpu_matrix.shape[0] // g
     elif given[0] == "node_bandwidth_gb_per_s":
-        node_matrix = _matrix(data[given[0]], f"{where}.{given[0]}")
+        node_matrix = bandwidth_rows(data[given[0]], f"{where}.{given[0]}")
         n = node_matrix.shape[0]
     else:
         n = len(names) if isinstance(names, list) else _positive_int(data, "num_nodes", where)
@@ -191,8 +172,8 @@ def _number(data: dict, key: str, where: str, required: bool = False) -> float |
     return float(value)
 
 
-def _matrix(value: Any, field: str) -> np.ndarray:
-    """A square GB/s list of lists -> bytes/s; null = 0 (failed)."""
+def bandwidth_rows(value: Any, field: str) -> np.ndarray:
+    """A square GB/s list of lists -> bytes/s; null = 0 (failed); errors name ``field``."""
     if not isinstance(value, list) or not value or not all(isinstance(r, list) for r in value):
         raise SpecError(field, value, "expected a non-empty list of rows")
     n = len(value)
@@ -229,7 +210,7 @@ def _expand(node: np.ndarray, data: dict, gpus: list[GpuSpec], g: int, where: st
     key = "intra_node_bandwidth_gb_per_s"
     raw = data.get(key)
     if isinstance(raw, list):
-        intra: Any = _matrix(raw, f"{where}.{key}")
+        intra: Any = bandwidth_rows(raw, f"{where}.{key}")
         if intra.shape != (g, g):
             raise SpecError(
                 f"{where}.{key}",
@@ -374,109 +355,3 @@ def write_cluster_file(
         cluster_to_mapping(cluster, decimals), Dumper=_Dumper, sort_keys=False, width=4096
     )
     p.write_text(comment + body, encoding="utf-8")
-
-
-# ------------------------------------------------------------ CSV and Pipette JSON
-def read_matrix_csv(path: str | Path) -> LabelledMatrix:
-    """A node x node CSV matrix in GB/s (module doc); empty cell = failed."""
-    rows = [r for r in csv.reader(io.StringIO(read_text(path))) if any(c.strip() for c in r)]
-    if len(rows) < 2:
-        raise InputFileError(path, "expected a header row of names and at least one row")
-    header = [c.strip() for c in rows[0]]
-    labelled = all(r and r[0].strip() and not _is_number(r[0]) for r in rows[1:])
-    names = header[1:] if labelled else header
-    body = [r[1:] for r in rows[1:]] if labelled else rows[1:]
-    if labelled and [r[0].strip() for r in rows[1:]] != names:
-        raise InputFileError(path, "row names differ from the column names")
-    if len(body) != len(names) or any(len(r) != len(names) for r in body):
-        raise InputFileError(
-            path,
-            f"matrix is not square: {len(names)} names, {len(body)} rows, row lengths {sorted({len(r) for r in body})}",
-        )
-    matrix = np.zeros((len(names), len(names)))
-    for i, row in enumerate(body):
-        for j, cell in enumerate(row):
-            try:
-                value = float(cell) if cell.strip() else 0.0
-            except ValueError:
-                raise InputFileError(
-                    path, f"row {i + 2} column {j + 1}: {cell!r} is not a number"
-                ) from None
-            if not math.isfinite(value) or value < 0:
-                raise InputFileError(
-                    path, f"row {i + 2} column {j + 1}: {cell!r} must be finite and >= 0"
-                )
-            matrix[i, j] = value * GB
-    np.fill_diagonal(matrix, 0.0)
-    return LabelledMatrix(tuple(names), matrix)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def write_matrix_csv(matrix: LabelledMatrix, path: str | Path, decimals: int = 3) -> None:
-    """Write a labelled node matrix as CSV (GB/s; failed pairs and diagonal empty)."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["node", *matrix.names])
-    for i, name in enumerate(matrix.names):
-        values = matrix.bandwidth_bytes_per_s[i]
-        writer.writerow(
-            [
-                name,
-                *(
-                    "" if i == j or v <= 0 else round(v / GB, decimals)
-                    for j, v in enumerate(values)
-                ),
-            ]
-        )
-    Path(path).write_text(out.getvalue(), encoding="utf-8")
-
-
-def read_pipette_json(path: str | Path) -> LabelledMatrix:
-    """Pipette's node matrix (module doc).  Also reads Pipette's mpiGraph JSON
-    ``{"0": {receive matrix}, "1": {send matrix}}`` in mpiGraph MB/s (MiB/s; row =
-    receiver in "0"), using "0" as Pipette does; its diagonal is a placeholder."""
-    data = read_mapping(path)
-    mpigraph = "gpus" not in data and "0" in data
-    block = data["0"] if mpigraph else data
-    if not isinstance(block, dict) or not {"gpus", "bandwidth"} <= set(block):
-        raise InputFileError(path, 'expected {"gpus": [...], "bandwidth": [[...]]}')
-    try:
-        matrix = _matrix(block["bandwidth"], "bandwidth")
-    except SpecError as exc:
-        raise InputFileError(path, str(exc)) from None
-    names = [str(x) for x in block["gpus"]]
-    if len(names) != matrix.shape[0]:
-        raise InputFileError(path, f"{len(names)} names for a {matrix.shape[0]}-row matrix")
-    if mpigraph:  # MiB/s, and [receiver][sender] -> [sender][receiver]
-        matrix = matrix.T / GB * MiB
-    diag = np.diagonal(matrix).copy()
-    np.fill_diagonal(matrix, 0.0)
-    intra = float(np.median(diag)) if not mpigraph and (diag > 0).all() else None
-    return LabelledMatrix(tuple(names), matrix, intra)
-
-
-def write_pipette_json(cluster: ClusterSpec, path: str | Path) -> None:
-    """Pipette's JSON of ``cluster``: node matrix in GB/s, mean intra-node on the diagonal."""
-    body = {"gpus": list(cluster.node_names), "bandwidth": (cluster.node_matrix() / GB).tolist()}
-    Path(path).write_text(json.dumps(body), encoding="utf-8")
-
-
-def cluster_from_matrix(
-    matrix: LabelledMatrix, settings: dict[str, Any], where: str = "cluster"
-) -> ClusterSpec:
-    """A cluster from a node matrix plus the other cluster-file fields (``gpu``,
-    ``gpus_per_node``, ...) in ``settings``; the matrix's own intra-node value is
-    used unless ``settings`` gives one."""
-    data = {k: v for k, v in settings.items() if k not in _MATRICES}
-    data["node_names"] = list(matrix.names)
-    data["node_bandwidth_gb_per_s"] = (matrix.bandwidth_bytes_per_s / GB).tolist()
-    if matrix.intra_node_bytes_per_s is not None:
-        data.setdefault("intra_node_bandwidth_gb_per_s", matrix.intra_node_bytes_per_s / GB)
-    return cluster_from_mapping(data, where)

@@ -1,4 +1,4 @@
-"""Reading NVIDIA nccl-tests output logs and pairwise runs of them.
+"""Reading NVIDIA nccl-tests output logs.
 
 A log (``sendrecv_perf``, ``all_reduce_perf``, ``alltoall_perf``, ...) holds one
 or more *tests*; each test is a table with one row per message size::
@@ -11,35 +11,16 @@ A test *failed* when its table is missing (the job died before any size
 completed), when it prints error lines (``Test NCCL failure ...``), or when a
 row reports corrupted results (``#wrong`` > 0).
 
-**Per-pair statistic.**  A pairwise directory (files named
-``nccl_N2_G<g>_<nodeA>_<nodeB>.log``, one run of two nodes with g GPUs each,
-as produced by github.com/xxrjun/nccl-tests-cluster) becomes a node x node
-matrix.  Each pair gets one number: the *harmonic mean of the out-of-place
-sendrecv bus bandwidth over the message sizes in* :data:`MESSAGE_WINDOW_BYTES`
-(10 MB - 1 GiB), read from the G=1 logs.  Why:
-
-- sendrecv is the pattern of pipeline-parallel point-to-point transfers (for
-  sendrecv, busbw = algbw = bytes per second of one stream); out-of-place
-  matches Megatron's separate send and receive buffers;
-- G=1 runs one stream per node pair, which is what ``ClusterSpec`` stores per
-  GPU pair (NIC sharing is modelled from the NIC capacity below).  It only
-  exercises GPU 0's path; pass ``gpus_per_node=4`` or 8 to see other rails;
-- the window covers pipeline activations b*s*h*2 bytes (1 x 2048 x 4096 x 2 =
-  16.8 MB up to 4 x 8192 x 16384 x 2 = 1 GiB).  Degraded pairs collapse at
-  multi-GB messages (cnode2-001/004: 6.6 GB/s at 32 MiB, 1.0 GB/s at 16 GiB),
-  so a peak or a mean over all sizes would misstate them;
-- a harmonic mean because transfer time is bytes / B: averaging 1/B over the
-  sizes gives the B that predicts the mean time per byte in the window.
-
-When a log has no size in the window (cluster01 was run at 4-32 GiB only),
-the sizes nearest to it are used (the smallest one above it, or the largest
-one below it), and :attr:`PairMeasurement.sizes_bytes` records which.
-
-**NIC capacity under load.**  In a 2-node ``alltoall_perf`` run with g GPUs
-per node, every GPU sends half of its buffer to the other node, so one node
-pushes ``g * algbw / 2`` bytes/s across nodes; the median of that over the
-healthy pairs of the largest-g logs is the node's aggregate NIC capacity when
-all GPUs send at once (see :func:`nic_load_estimate`).
+One number per test: :meth:`NcclTest.window_busbw`, the harmonic mean of the
+out-of-place bus bandwidth over the sizes in :data:`MESSAGE_WINDOW_BYTES`
+(10 MB - 1 GiB, the pipeline activations b*s*h*2 of 1 x 2048 x 4096 x 2 up to
+4 x 8192 x 16384 x 2 bytes).  Harmonic, because transfer time is bytes / B:
+the mean of 1/B over the sizes predicts the mean time per byte.  Degraded links
+collapse at multi-GB messages (6.6 GB/s at 32 MiB, 1.0 GB/s at 16 GiB), so a
+peak or a mean over all sizes would misstate them.  A log with no size in the
+window (cluster01 was run at 4-32 GiB) uses the nearest size outside it.
+Pairwise directories of such logs become matrices in
+:mod:`pipette_cp.io.nccl_pairwise`.
 """
 
 from __future__ import annotations
@@ -47,19 +28,15 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from pipette_cp.clusters.expand import cluster_from_node_matrix
 from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.files import read_text
-from pipette_cp.specs.cluster import ClusterSpec
 from pipette_cp.specs.gpu import GpuSpec, resolve_gpu
 from pipette_cp.units import GB, MB, US, GiB
 
-#: Message sizes (bytes, inclusive) of pipeline p2p transfers, see the module doc.
+#: Message sizes (bytes, inclusive) of pipeline p2p transfers (module doc).
 MESSAGE_WINDOW_BYTES: tuple[float, float] = (10 * MB, 1 * GiB)
 
 #: File name of one run: ``nccl_N<nodes>_G<gpus per node>_<host>[_<host>...].log``.
@@ -293,153 +270,13 @@ def read_nccl_tests_dir(directory: str | Path) -> tuple[NcclLog, ...]:
     return logs
 
 
-@dataclass(frozen=True)
-class PairMeasurement:
-    """What one pairwise log says about one node pair."""
-
-    nodes: tuple[str, str]
-    path: str
-    bandwidth_bytes_per_s: float
-    sizes_bytes: tuple[int, ...]
-    largest_size_busbw_bytes_per_s: float
-    failure: str | None
-
-
-@dataclass(frozen=True)
-class PairwiseMatrix:
-    """Node x node bandwidth from pairwise logs (symmetric: a 2-rank sendrecv moves
-    data both ways at once and reports one number)."""
-
-    node_names: tuple[str, ...]
-    bandwidth_bytes_per_s: np.ndarray
-    pairs: tuple[PairMeasurement, ...]
-    failed_pairs: tuple[tuple[str, str, str], ...]
-    test: str
-    gpus_per_node: int
-    window_bytes: tuple[float, float] = MESSAGE_WINDOW_BYTES
-    devices: tuple[str, ...] = field(default=())
-
-
-def pairwise_matrix(
-    logs: Iterable[NcclLog],
-    *,
-    gpus_per_node: int = 1,
-    test: str = "sendrecv_perf",
-    window: tuple[float, float] = MESSAGE_WINDOW_BYTES,
-) -> PairwiseMatrix:
-    """The node x node matrix of pairwise (2-node) logs.
-
-    Parameters
-    ----------
-    logs : iterable of NcclLog
-        Typically :func:`read_nccl_tests_dir` of a pairwise directory.
-    gpus_per_node : int
-        Use the logs run with this many GPUs per node (default 1, see the module doc).
-    test : str
-        The test whose :meth:`NcclTest.window_busbw` is each pair's number.
-    window : (float, float)
-        Message sizes, bytes, of the statistic.
-
-    Returns
-    -------
-    PairwiseMatrix
-        Bytes/s, symmetric, 0 = failed or not measured, with per-pair details and
-        the failed pairs with their reasons ("no log" for pairs without a log).
-        Two logs of one pair (both name orders) are averaged over those that succeeded.
-
-    Raises
-    ------
-    InputFileError
-        No 2-node log with ``gpus_per_node`` GPUs.
-    """
-    chosen = [log for log in logs if log.num_nodes == 2 and log.gpus_per_node == gpus_per_node]
-    if not chosen:
-        raise InputFileError("nccl-tests logs", f"no 2-node logs with G={gpus_per_node}")
-    names = tuple(sorted({h for log in chosen for h in log.hosts}))
-    index = {name: i for i, name in enumerate(names)}
-    sums = np.zeros((len(names), len(names)))
-    counts = np.zeros_like(sums)
-    pairs: list[PairMeasurement] = []
-    devices: list[str] = []
-    for log in chosen:
-        a, b = log.hosts
-        t = log.test(test)
-        failure = t.failure if t is not None else _missing_reason(log, test)
-        value = 0.0 if t is None else t.window_busbw(window)
-        rows = () if t is None else t.window_rows(window)
-        largest = t.rows[-1].busbw_bytes_per_s if t is not None and t.rows else 0.0
-        pairs.append(
-            PairMeasurement(
-                (a, b), log.path, value, tuple(r.size_bytes for r in rows), largest, failure
-            )
-        )
-        devices.extend(t.devices if t is not None else ())
-        if failure is None and value > 0:
-            for i, j in ((index[a], index[b]), (index[b], index[a])):
-                sums[i, j] += value
-                counts[i, j] += 1
-    matrix = np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)
-    reasons = {frozenset(p.nodes): p.failure or "no bandwidth" for p in pairs}
-    failed = tuple(
-        (names[i], names[j], reasons.get(frozenset((names[i], names[j])), "no log"))
-        for i in range(len(names))
-        for j in range(i + 1, len(names))
-        if matrix[i, j] <= 0
+def failed_tests(logs: Iterable[NcclLog]) -> tuple[tuple[str, str, str], ...]:
+    """``(log path, test name, reason)`` of every test that a log holds and that
+    failed (a test the job never started is not counted, as upstream's summaries
+    do not count it)."""
+    return tuple(
+        (log.path, t.name, t.failure) for log in logs for t in log.tests if t.failure is not None
     )
-    return PairwiseMatrix(
-        names, matrix, tuple(pairs), failed, test, gpus_per_node, window, tuple(devices)
-    )
-
-
-def _missing_reason(log: NcclLog, test: str) -> str:
-    earlier = [f"{t.name}: {t.failure}" for t in log.tests if not t.ok]
-    why = f" (the job stopped after {earlier[0]})" if earlier else ""
-    return f"{test} not in the log{why}"
-
-
-def nic_load_estimate(
-    logs: Iterable[NcclLog],
-    *,
-    gpus_per_node: int | None = None,
-    window: tuple[float, float] = MESSAGE_WINDOW_BYTES,
-) -> float | None:
-    """Cross-node bytes/s of one node when its ``gpus_per_node`` GPUs (default:
-    the largest G) all send at once: the median over pairs of 2-node
-    ``alltoall_perf`` runs of ``g * algbw / 2`` (each GPU sends half of its
-    buffer to the other node), ignoring pairs below 0.8 x the median (a degraded
-    link says nothing about the NIC); None without such logs."""
-    pool = [log for log in logs if log.num_nodes == 2 and log.gpus_per_node]
-    g = gpus_per_node or max((int(log.gpus_per_node or 0) for log in pool), default=0)
-    rates = []
-    for log in pool:
-        t = log.test("alltoall_perf")
-        if log.gpus_per_node != g or t is None or not t.ok:
-            continue
-        rows = t.window_rows(window)
-        algbw = len(rows) / sum(1.0 / r.algbw_bytes_per_s for r in rows)
-        rates.append(g * algbw / 2)
-    if not rates:
-        return None
-    median = float(np.median(rates))
-    return float(np.median([r for r in rates if r >= 0.8 * median]))
-
-
-def intra_node_estimate(
-    logs: Iterable[NcclLog], *, window: tuple[float, float] = MESSAGE_WINDOW_BYTES
-) -> float | None:
-    """Median over nodes of the single-node ``sendrecv_perf`` statistic at the
-    largest G (every GPU sends to its neighbour at once, as pipeline stages do),
-    bytes/s; None without single-node logs."""
-    single = [log for log in logs if log.num_nodes == 1 and log.gpus_per_node]
-    if not single:
-        return None
-    g = max(int(log.gpus_per_node or 0) for log in single)
-    values = [
-        t.window_busbw(window)
-        for log in single
-        if log.gpus_per_node == g and (t := log.test("sendrecv_perf")) is not None and t.ok
-    ]
-    return float(np.median(values)) if values else None
 
 
 def gpu_from_device_name(devices: Sequence[str]) -> GpuSpec:
@@ -457,81 +294,3 @@ def gpu_from_device_name(devices: Sequence[str]) -> GpuSpec:
         )
     key = model.group(1).lower()
     return resolve_gpu(f"{key}-{memory.group(1)}gb" if memory else key)
-
-
-def convert_nccl_tests_dir(
-    directory: str | Path,
-    *,
-    single_node_dir: str | Path | None = None,
-    name: str | None = None,
-    gpu: GpuSpec | str | None = None,
-    gpus_per_node: int | None = None,
-    nics_per_node: int | None = None,
-    intra_node_bytes_per_s: float | None = None,
-    window: tuple[float, float] = MESSAGE_WINDOW_BYTES,
-    source: str = "",
-) -> ClusterSpec:
-    """A :class:`ClusterSpec` from a directory of pairwise nccl-tests logs.
-
-    Parameters
-    ----------
-    directory : str or Path
-        Files named ``nccl_N2_G<g>_<nodeA>_<nodeB>.log``.
-    single_node_dir : str or Path, optional
-        ``nccl_N1_G<g>_<node>.log`` files for the intra-node bandwidth.
-    name, gpu, gpus_per_node, nics_per_node, intra_node_bytes_per_s, source
-        Override what is derived (below).
-    window : (float, float)
-        Message sizes, bytes, of the per-pair statistic.
-
-    Returns
-    -------
-    ClusterSpec
-        Derived as follows:
-
-    - inter-node: :func:`pairwise_matrix` of the G=1 ``sendrecv_perf`` logs
-      (0 = failed pair; the spec refuses a node whose every pair failed);
-    - GPU type: from the ``# Rank`` lines unless ``gpu`` is given;
-    - GPUs per node: the largest G among the logs unless given;
-    - NICs per node: ``gpus_per_node`` unless given (one NIC per GPU, as in the
-      HGX/DGX reference designs; nccl-tests logs do not name the NICs);
-    - NIC bandwidth: :func:`nic_load_estimate` / NICs, or the median pair when
-      no multi-GPU alltoall logs exist;
-    - intra-node: ``intra_node_bytes_per_s``, else :func:`intra_node_estimate`
-      of ``single_node_dir``, else the GPU's datasheet NVLink bandwidth;
-    - latencies: the spec defaults (the logs start at multi-MB messages).
-
-    Raises
-    ------
-    InputFileError
-        A missing directory or no usable log.
-    SpecError
-        Unknown GPU, or a node whose every pair failed.
-    """
-    logs = read_nccl_tests_dir(directory)
-    matrix = pairwise_matrix(logs, gpus_per_node=1, test="sendrecv_perf", window=window)
-    gpu_spec = resolve_gpu(gpu) if gpu is not None else gpu_from_device_name(matrix.devices)
-    g = gpus_per_node or max(int(log.gpus_per_node or 1) for log in logs)
-    nics = nics_per_node or g
-    alive = matrix.bandwidth_bytes_per_s[matrix.bandwidth_bytes_per_s > 0]
-    node_rate = nic_load_estimate(logs, window=window) or float(np.median(alive)) * nics
-    intra = intra_node_bytes_per_s
-    if intra is None and single_node_dir is not None:
-        intra = intra_node_estimate(read_nccl_tests_dir(single_node_dir), window=window)
-    if intra is None:
-        intra = gpu_spec.nvlink_bandwidth_bytes_per_s
-    if intra <= 0:
-        raise SpecError("intra_node_bytes_per_s", intra, "needed for a GPU without NVLink")
-    return cluster_from_node_matrix(
-        node_bandwidth=matrix.bandwidth_bytes_per_s,
-        intra_node=intra,
-        gpus_per_node=g,
-        gpu=gpu_spec,
-        nics_per_node=nics,
-        nic_bandwidth_bytes_per_s=node_rate / nics,
-        name=name or Path(directory).resolve().name,
-        node_names=matrix.node_names,
-        source=source
-        or f"nccl-tests {matrix.test} G=1, {len(matrix.pairs)} pairwise logs, "
-        f"harmonic mean of busbw over {window[0]:.3g}-{window[1]:.3g} B",
-    )
