@@ -189,3 +189,33 @@ def test_every_bundled_instance_loads() -> None:
     sizes = [load_instance(n).cluster.num_gpus for n in names if "4096" not in n]
     assert min(sizes) == 8 and max(sizes) == 1024
     assert sum("4096" in n for n in names) >= 4
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["nccl-tests", str(FIXTURES / "nccl" / "pairwise")],
+        ["mpigraph", str(FIXTURES / "mpigraph" / "mpigraph_4nodes.txt"), "--gpu", "a100"],
+        ["pipette-json", str(FIXTURES / "pipette" / "cluster_4nodes.json"), "--gpu", "a100"],
+    ],
+    ids=["nccl-tests", "mpigraph", "pipette-json"],
+)
+def test_cluster_import_round_trip(args: list[str], tmp_path: Path) -> None:
+    out = tmp_path / "c.yaml"
+    code, text = run("cluster", "import", *args, "-o", str(out))
+    assert code == 0, text
+    cluster = read_cluster_file(out)
+    assert cluster.num_nodes == 4
+    code, text = run("show", str(out))
+    assert code == 0 and "healthy CV" in text
+
+
+def test_cluster_import_csv_round_trip(tmp_path: Path) -> None:
+    csv = tmp_path / "m.csv"
+    csv.write_text("node,a,b,c\na,,20,20\nb,20,,10\nc,20,10,\n")
+    out = tmp_path / "c.yaml"
+    code, text = run("cluster", "import", "csv", str(csv), "--gpu", "h100", "--gpus-per-node", "4", "-o", str(out))
+    assert code == 0, text
+    cluster = read_cluster_file(out)
+    assert cluster.node_names == ("a", "b", "c") and cluster.num_gpus == 12
+    assert cluster.node_matrix()[1, 2] == pytest.approx(10e9)

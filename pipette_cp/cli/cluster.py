@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 import typer
 import yaml
 
@@ -12,6 +13,16 @@ from pipette_cp.cli.app import app, console
 from pipette_cp.clusters.generators import generate, generate_timeline
 from pipette_cp.errors import SpecError
 from pipette_cp.io.cluster_file import write_cluster_file
+from pipette_cp.io.matrix_files import (
+    LabelledMatrix,
+    cluster_from_matrix,
+    read_matrix_csv,
+    read_pipette_json,
+)
+from pipette_cp.io.mpigraph import read_mpigraph
+from pipette_cp.io.nccl_pairwise import convert_nccl_tests_dir
+from pipette_cp.specs import ClusterSpec, resolve_gpu
+from pipette_cp.units import GB
 
 cluster_app = typer.Typer(no_args_is_help=True, help="Generate or import cluster bandwidth files.")
 app.add_typer(cluster_app, name="cluster")
@@ -61,3 +72,164 @@ def generate_cmd(
     cluster = generate(kind, nodes=nodes, seed=seed, gpus_per_node=gpus_per_node, **params)
     write_cluster_file(cluster, out)
     console.print(f"wrote {out} ({cluster.describe()})", highlight=False)
+
+
+_GPU = typer.Option("--gpu", help="GPU type (catalogue name); the file does not say.")
+_GPN = typer.Option("--gpus-per-node", help="GPUs per node.")
+_NICS = typer.Option("--nics-per-node", help="Inter-node NICs per node [default: one per GPU].")
+_NIC_BW = typer.Option(
+    "--nic-gb-per-s", help="One NIC's bandwidth under load [default: median pair]."
+)
+_INTRA = typer.Option(
+    "--intra-gb-per-s", help="Intra-node GPU pair bandwidth [default: NVLink of --gpu]."
+)
+
+
+def _settings(
+    matrix: LabelledMatrix,
+    gpu: str,
+    gpus_per_node: int,
+    nics: int | None,
+    nic_gb: float | None,
+    intra_gb: float | None,
+    source: str,
+) -> dict[str, Any]:
+    spec = resolve_gpu(gpu, "--gpu")
+    values = matrix.bandwidth_bytes_per_s[~np.eye(len(matrix.names), dtype=bool)]
+    alive = values[values > 0]
+    median_gb = float(np.median(alive)) / GB if alive.size else 1.0
+    settings: dict[str, Any] = {
+        "name": Path(source).stem,
+        "source": source,
+        "gpu": spec.name,
+        "gpus_per_node": gpus_per_node,
+        "nics_per_node": nics or gpus_per_node,
+        "nic_bandwidth_gb_per_s": nic_gb or median_gb,
+    }
+    if intra_gb is not None or matrix.intra_node_bytes_per_s is None:
+        settings["intra_node_bandwidth_gb_per_s"] = (
+            intra_gb or spec.nvlink_bandwidth_bytes_per_s / GB
+        )
+    return settings
+
+
+def _write(cluster: ClusterSpec, out: Path) -> None:
+    write_cluster_file(cluster, out)
+    console.print(f"wrote {out} ({cluster.describe()})", highlight=False)
+
+
+@import_app.command("nccl-tests")
+def import_nccl_tests(
+    directory: Annotated[
+        Path, typer.Argument(help="Directory of nccl_N2_G<g>_<nodeA>_<nodeB>.log files.")
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Cluster file to write.")],
+    gpus_per_test: Annotated[
+        int, typer.Option(help="Which G of the pairwise runs to read (1 = one stream).")
+    ] = 1,
+    single_node: Annotated[
+        Path | None,
+        typer.Option(help="Directory of single-node logs, for the intra-node bandwidth."),
+    ] = None,
+    gpu: Annotated[
+        str | None, typer.Option("--gpu", help="GPU type [default: from the logs].")
+    ] = None,
+    gpus_per_node: Annotated[int | None, _GPN] = None,
+    nics_per_node: Annotated[int | None, _NICS] = None,
+    intra_gb_per_s: Annotated[float | None, _INTRA] = None,
+) -> None:
+    """Convert pairwise nccl-tests logs (sendrecv_perf) into a cluster file."""
+    cluster = convert_nccl_tests_dir(
+        directory,
+        gpus_per_test=gpus_per_test,
+        single_node_dir=single_node,
+        gpu=gpu,
+        gpus_per_node=gpus_per_node,
+        nics_per_node=nics_per_node,
+        intra_node_bytes_per_s=intra_gb_per_s * GB if intra_gb_per_s else None,
+    )
+    _write(cluster, out)
+
+
+@import_app.command("mpigraph")
+def import_mpigraph(
+    path: Annotated[Path, typer.Argument(help="mpiGraph standard output.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Cluster file to write.")],
+    gpu: Annotated[str, _GPU],
+    gpus_per_node: Annotated[int, _GPN] = 8,
+    nics_per_node: Annotated[int | None, _NICS] = None,
+    nic_gb_per_s: Annotated[float | None, _NIC_BW] = None,
+    intra_gb_per_s: Annotated[float | None, _INTRA] = None,
+    direction: Annotated[
+        str, typer.Option(help="Table to read: 'recv' (as Pipette) or 'send'.")
+    ] = "recv",
+) -> None:
+    """Convert mpiGraph output (node pairs) into a cluster file."""
+    if direction not in ("recv", "send"):
+        raise SpecError("--direction", direction, "expected 'recv' or 'send'")
+    result = read_mpigraph(path)
+    matrix = LabelledMatrix(result.node_names, result.node_matrix(direction))  # type: ignore[arg-type]
+    settings = _settings(
+        matrix, gpu, gpus_per_node, nics_per_node, nic_gb_per_s, intra_gb_per_s, str(path)
+    )
+    _write(cluster_from_matrix(matrix, settings), out)
+
+
+def _import_matrix(
+    reader: Any,
+    path: Path,
+    out: Path,
+    gpu: str,
+    gpus_per_node: int,
+    nics_per_node: int | None,
+    nic_gb_per_s: float | None,
+    intra_gb_per_s: float | None,
+) -> None:
+    matrix = reader(path)
+    settings = _settings(
+        matrix, gpu, gpus_per_node, nics_per_node, nic_gb_per_s, intra_gb_per_s, str(path)
+    )
+    _write(cluster_from_matrix(matrix, settings), out)
+
+
+@import_app.command("pipette-json")
+def import_pipette_json(
+    path: Annotated[
+        Path, typer.Argument(help='Pipette\'s {"gpus": [...], "bandwidth": [[GB/s]]} file.')
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Cluster file to write.")],
+    gpu: Annotated[str, _GPU],
+    gpus_per_node: Annotated[int, _GPN] = 8,
+    nics_per_node: Annotated[int | None, _NICS] = None,
+    nic_gb_per_s: Annotated[float | None, _NIC_BW] = None,
+    intra_gb_per_s: Annotated[float | None, _INTRA] = None,
+) -> None:
+    """Convert Pipette's node x node JSON matrix (GB/s) into a cluster file."""
+    _import_matrix(
+        read_pipette_json,
+        path,
+        out,
+        gpu,
+        gpus_per_node,
+        nics_per_node,
+        nic_gb_per_s,
+        intra_gb_per_s,
+    )
+
+
+@import_app.command("csv")
+def import_csv(
+    path: Annotated[
+        Path, typer.Argument(help="Square CSV, header row of node names, GB/s, empty = failed.")
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Cluster file to write.")],
+    gpu: Annotated[str, _GPU],
+    gpus_per_node: Annotated[int, _GPN] = 8,
+    nics_per_node: Annotated[int | None, _NICS] = None,
+    nic_gb_per_s: Annotated[float | None, _NIC_BW] = None,
+    intra_gb_per_s: Annotated[float | None, _INTRA] = None,
+) -> None:
+    """Convert a node x node CSV matrix (GB/s) into a cluster file."""
+    _import_matrix(
+        read_matrix_csv, path, out, gpu, gpus_per_node, nics_per_node, nic_gb_per_s, intra_gb_per_s
+    )

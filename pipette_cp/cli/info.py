@@ -12,9 +12,11 @@ from rich.table import Table
 
 from pipette_cp.cli.app import app, console
 from pipette_cp.clusters.generators import GENERATORS
+from pipette_cp.io.cluster_file import read_cluster_file
+from pipette_cp.io.files import read_mapping
 from pipette_cp.io.instance_file import DEFAULT_INSTANCE, list_instances, load_instance
 from pipette_cp.io.model_file import list_models
-from pipette_cp.report.show import instance_report
+from pipette_cp.report.show import cluster_table, instance_report
 from pipette_cp.specs import GPU_CATALOG, SCHEMA_SPECS
 
 
@@ -58,7 +60,13 @@ def show(
         str, typer.Argument(help="Bundled instance name or path to an instance file.")
     ] = DEFAULT_INSTANCE,
 ) -> None:
-    """Model parameters, cluster summary (bandwidth statistics, slowest and failed pairs)."""
+    """Model parameters, cluster summary (bandwidth statistics, slowest and failed pairs).
+
+    A cluster file (``format: pipette-cp-cluster/1``) shows the cluster part only."""
+    path = Path(instance)
+    if path.is_file() and str(read_mapping(path).get("format", "")).startswith("pipette-cp-cluster"):
+        console.print(cluster_table(read_cluster_file(path)))
+        return
     console.print(instance_report(load_instance(instance)))
 
 
