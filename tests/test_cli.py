@@ -214,7 +214,18 @@ def test_cluster_import_csv_round_trip(tmp_path: Path) -> None:
     csv = tmp_path / "m.csv"
     csv.write_text("node,a,b,c\na,,20,20\nb,20,,10\nc,20,10,\n")
     out = tmp_path / "c.yaml"
-    code, text = run("cluster", "import", "csv", str(csv), "--gpu", "h100", "--gpus-per-node", "4", "-o", str(out))
+    code, text = run(
+        "cluster",
+        "import",
+        "csv",
+        str(csv),
+        "--gpu",
+        "h100",
+        "--gpus-per-node",
+        "4",
+        "-o",
+        str(out),
+    )
     assert code == 0, text
     cluster = read_cluster_file(out)
     assert cluster.node_names == ("a", "b", "c") and cluster.num_gpus == 12

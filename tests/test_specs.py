@@ -143,7 +143,9 @@ def test_cluster_json_round_trip() -> None:
 
 
 def test_plan_round_trips_through_json() -> None:
-    plan = make_plan(num_layers=24, dp=2, pp=2, tp=2, micro_batch_size=2, vpp=2, recompute="selective")
+    plan = make_plan(
+        num_layers=24, dp=2, pp=2, tp=2, micro_batch_size=2, vpp=2, recompute="selective"
+    )
     plan = plan.model_copy(
         update={
             "evaluation": Evaluation(
@@ -159,7 +161,9 @@ def test_plan_round_trips_through_json() -> None:
                 fits=True,
                 breakdown_s={"compute": 1.2, "bubble": 0.3},
             ),
-            "solve_info": SolveInfo(method="cpsat", status="optimal", objective=1.5, bound=1.5, gap=0.0),
+            "solve_info": SolveInfo(
+                method="cpsat", status="optimal", objective=1.5, bound=1.5, gap=0.0
+            ),
         }
     )
     assert Plan.model_validate_json(plan.model_dump_json()) == plan

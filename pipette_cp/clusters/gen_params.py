@@ -58,8 +58,9 @@ def number(field: str, value: Any, low: float, high: float, *, open_low: bool = 
     """``value`` as a float in ``[low, high]`` (``(low, high]`` if ``open_low``)."""
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
         raise SpecError(field, value, "expected a number")
-    bad_low = value <= low if open_low else value < low
-    if bad_low or value > high:
+    number_ = float(value)
+    bad_low = number_ <= low if open_low else number_ < low
+    if bad_low or number_ > high:
         left = "(" if open_low else "["
         raise SpecError(field, value, f"must be in {left}{low:g}, {high:g}]")
     return float(value)

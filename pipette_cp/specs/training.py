@@ -36,6 +36,10 @@ class TrainingSpec(FrozenSpec):
         default=False,
         description="Megatron --overlap-param-gather (with the distributed optimizer).",
     )
+    tp_comm_overlap: bool = Field(
+        default=False,
+        description="Megatron --tp-comm-overlap: overlap tensor-parallel collectives with GEMMs.",
+    )
     dropout: bool = Field(
         default=True, description="Whether dropout masks are kept (Korthikanti et al. assume so)."
     )

@@ -1,0 +1,1 @@
+"""Benchmarks of the cost models against published measurements (may import anything)."""

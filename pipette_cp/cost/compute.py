@@ -1,0 +1,398 @@
+"""Compute time of one model chunk per micro-batch, and FLOP counts.
+
+Per layer and tensor-parallel rank: every GEMM (GQA and SwiGLU widths derived)
+at a size-dependent achieved FLOP/s capped by the HBM roofline, memory-bound
+element-wise work at HBM bandwidth, and the TP collectives over the intra-node
+link.  Backward = 2 x the forward GEMMs (FlashAttention 2.5 x); full recompute
+adds one forward, selective the attention core.  Parameters per GPU type live in
+:mod:`pipette_cp.cost.calibration`; a :class:`~pipette_cp.cost.profile.LayerProfile`
+of measured per-layer times replaces the estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import astuple, dataclass, fields
+
+import numpy as np
+
+from pipette_cp.cost.calibration import (
+    COLLECTIVE_LATENCY_S,
+    GpuCalibration,
+    calibration_for,
+    peak_flops,
+)
+from pipette_cp.cost.memory import (
+    padded_vocab_size,
+    stage_params_per_gpu,
+    uses_flash_attention,
+)
+from pipette_cp.cost.profile import LayerProfile
+from pipette_cp.errors import SpecError
+from pipette_cp.specs.gpu import GpuSpec
+from pipette_cp.specs.model import ModelSpec
+from pipette_cp.specs.plan import Plan
+from pipette_cp.specs.training import TrainingSpec
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One (possibly batched) matrix product ``[m x k] @ [k x n]`` in 2-byte elements."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+
+    @property
+    def flops(self) -> float:
+        """2 m n k per product (a multiply and an add)."""
+        return 2.0 * self.m * self.n * self.k * self.batch
+
+    def backward(self) -> tuple[Gemm, Gemm]:
+        """Data-gradient and weight-gradient products (same FLOPs each)."""
+        return (
+            Gemm(f"{self.name}.dgrad", self.m, self.k, self.n, self.batch),
+            Gemm(f"{self.name}.wgrad", self.k, self.n, self.m, self.batch),
+        )
+
+
+# --------------------------------------------------------------------------- FLOPs
+def layer_gemms(
+    model: ModelSpec, seq_length: int, micro_batch_size: int, tp: int
+) -> tuple[Gemm, ...]:
+    """Forward GEMMs of one transformer layer on one tensor-parallel rank.
+
+    Megatron's layer: QKV (column-parallel), scores ``Q K^T`` and context ``P V``
+    per head (batched over ``b a / t`` heads), output projection (row-parallel),
+    FC1 (column-parallel; SwiGLU doubles its width) and FC2 (row-parallel).
+    """
+    h, f, d, s = model.hidden_size, model.ffn_hidden_size, model.head_size, seq_length
+    tokens = s * micro_batch_size
+    q_width, kv_width = model.num_attention_heads * d, model.kv_heads * d
+    heads = micro_batch_size * model.num_attention_heads // tp
+    fc1_width = (2 if model.activation == "swiglu" else 1) * f
+    return (
+        Gemm("qkv", tokens, (q_width + 2 * kv_width) // tp, h),
+        Gemm("scores", s, s, d, heads),
+        Gemm("context", s, d, s, heads),
+        Gemm("proj", tokens, h, q_width // tp),
+        Gemm("fc1", tokens, fc1_width // tp, h),
+        Gemm("fc2", tokens, h, f // tp),
+    )
+
+
+def layer_forward_flops(
+    model: ModelSpec, seq_length: int, micro_batch_size: int = 1, tp: int = 1
+) -> float:
+    """Forward FLOPs of one layer on one rank; ``24 b s h^2 + 4 b s^2 h`` for GPT.
+
+    Narayanan et al. 2021 sec. 5.1 (ffn = 4h, MHA); attention counted in full
+    (no causal halving), as Megatron's FLOP counters do.
+    """
+    return sum(g.flops for g in layer_gemms(model, seq_length, micro_batch_size, tp))
+
+
+def model_flops_per_iteration(model: ModelSpec, training: TrainingSpec) -> float:
+    """Model FLOPs of one iteration (for MFU): forward + backward, no recompute.
+
+    ``3 x (L x layer forward + logits)`` per sequence; for GPT this is
+    ``72 B s L h^2 (1 + s/(6h) + V/(12 L h))`` (Narayanan et al. 2021, eq. 3
+    without recomputation), i.e. ~6 N FLOPs per token plus attention.
+    """
+    s = training.seq_length
+    # Logits GEMM, 2 s h V per sequence (Narayanan et al. 2021).
+    per_seq = (
+        model.num_layers * layer_forward_flops(model, s)
+        + 2.0 * s * model.hidden_size * model.vocab_size
+    )
+    return 3.0 * per_seq * training.global_batch_size
+
+
+def hardware_flops_per_iteration(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
+    """Executed FLOPs of one iteration (for HFU): model FLOPs plus recomputation.
+
+    Full recompute adds one layer forward, ``96 B s L h^2 (1 + s/(6h) + V/(16 L h))``
+    for GPT (Narayanan et al. 2021, eq. 3); selective adds the attention core.
+    """
+    redone = {"full": _ALL, "selective": _CORE, "none": ()}[plan.recompute]
+    gemms = layer_gemms(model, training.seq_length, 1, 1)
+    extra = sum(g.flops for g in gemms if g.name in redone) * model.num_layers
+    return model_flops_per_iteration(model, training) + extra * training.global_batch_size
+
+
+_CORE = ("scores", "context")
+_ALL = ("qkv", *_CORE, "proj", "fc1", "fc2")
+
+
+# ------------------------------------------------------------------------- timing
+def wave_efficiency(gemm: Gemm, num_sms: int) -> float:
+    """Useful fraction of the tile waves a GEMM launches (tile and wave quantisation).
+
+    The output is cut into ``256 x 128`` tiles (cuBLAS's large bf16 tile on A100 and
+    H100, either orientation, the better one taken), one tile per SM per wave:
+    ``m n / (waves x SMs x tile area)`` (NVIDIA Deep Learning Performance Guide,
+    "Matrix Multiplication Background": tile and wave quantisation).
+
+    >>> wave_efficiency(Gemm("x", 256 * 108, 128, 64), 108)
+    1.0
+    >>> round(wave_efficiency(Gemm("x", 256 * 109, 128, 64), 108), 3)
+    0.505
+    """
+    best = 0.0
+    for tile_m, tile_n in ((256, 128), (128, 256)):
+        tiles = -(-gemm.m // tile_m) * -(-gemm.n // tile_n) * gemm.batch
+        waves = -(-tiles // num_sms)
+        best = max(best, gemm.m * gemm.n * gemm.batch / (waves * num_sms * tile_m * tile_n))
+    return best
+
+
+def gemm_time_s(gemm: Gemm, gpu: GpuSpec, cal: GpuCalibration) -> float:
+    """Time of one GEMM: ``(W / q + W_half) / (eta_max x peak)``, at least its HBM traffic.
+
+    ``q`` is the wave efficiency (:func:`wave_efficiency`); the saturating term
+    ``eta_max W / (W + W_half)`` is the few-parameter form of the remaining
+    small-size losses (launch, prologue/epilogue); capped by the roofline.
+    """
+    # One kernel call per GEMM (batched ones too): the half-saturation cost once.
+    work = gemm.flops / wave_efficiency(gemm, cal.num_sms) + cal.gemm_half_saturation_flops
+    compute = work / (cal.gemm_efficiency_max * peak_flops(gpu))
+    # Roofline: both operands and the result read/written once, 2 B each.
+    traffic = 2.0 * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n) * gemm.batch
+    return max(compute, _hbm_time_s(traffic, gpu, cal))
+
+
+def _hbm_time_s(num_bytes: float, gpu: GpuSpec, cal: GpuCalibration) -> float:
+    """Memory-bound kernels: bytes moved / achievable HBM bandwidth."""
+    return num_bytes / (gpu.hbm_bandwidth_bytes_per_s * cal.hbm_efficiency)
+
+
+def tp_collective_time_s(num_bytes: float, tp: int, bandwidth_bytes_per_s: float) -> float:
+    """One ring all-gather or reduce-scatter of ``num_bytes`` over ``tp`` ranks.
+
+    ``(t-1)/t x bytes / B`` plus a start-up latency (Patarasuk & Yuan 2009;
+    an all-reduce is one of each).
+    """
+    if tp <= 1:
+        return 0.0
+    return COLLECTIVE_LATENCY_S + (tp - 1) / tp * num_bytes / bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """Times of one transformer layer for one micro-batch on one GPU, s."""
+
+    forward_s: float
+    backward_s: float
+    tp_comm_forward_s: float
+    tp_comm_backward_s: float
+    recompute_s: float
+
+
+def _elementwise_forward_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
+    """Bytes moved by the memory-bound kernels of one layer's forward (fused as Megatron)."""
+    s, b, t = training.seq_length, plan.micro_batch_size, plan.tp
+    tokens, h, f = s * b, model.hidden_size, model.ffn_hidden_size
+    drop = 1.0 if training.dropout else 0.0
+    rows = tokens * h / (t if plan.sequence_parallel else 1)
+    # Two norms (read + write 2 B), two bias-dropout-add (x, residual, out, mask).
+    total = rows * (2 * 4.0 + 2 * (6.0 + drop))
+    # Bias-GeLU reads and writes T f/t; SwiGLU reads 2 T f/t and writes T f/t.
+    total += tokens * f / t * (6.0 if model.activation == "swiglu" else 4.0)
+    if model.position_embedding == "rope":
+        q_kv = (model.num_attention_heads + model.kv_heads) * model.head_size
+        total += 4.0 * tokens * q_kv / t
+    return total
+
+
+def _attention_core_times(
+    model: ModelSpec, training: TrainingSpec, gpu: GpuSpec, plan: Plan, cal: GpuCalibration
+) -> tuple[float, float]:
+    """(forward, backward) of the attention core: scores, softmax, dropout, context."""
+    s, b, t = training.seq_length, plan.micro_batch_size, plan.tp
+    gemms = [g for g in layer_gemms(model, s, b, t) if g.name in _CORE]
+    if uses_flash_attention(training, plan):
+        # FlashAttention (Dao et al. 2022; Dao 2023): causal blocks skipped (half the
+        # FLOPs), backward = 2.5 x forward (5 GEMMs instead of 2).
+        flops = 0.5 * sum(g.flops for g in gemms)
+        forward = flops / (cal.flash_attention_efficiency * peak_flops(gpu))
+        return forward, 2.5 * forward
+    drop = 1.0 if training.dropout else 0.0
+    scores = b * model.num_attention_heads / t * s * s
+    # Fused scale-mask-softmax reads and writes 2 B; dropout reads 2, writes 2 + 1 (mask).
+    softmax_bytes = scores * (4.0 + 5.0 * drop)
+    forward = sum(gemm_time_s(g, gpu, cal) for g in gemms) + _hbm_time_s(softmax_bytes, gpu, cal)
+    backward_gemms = sum(gemm_time_s(x, gpu, cal) for g in gemms for x in g.backward())
+    return forward, backward_gemms + 2.0 * _hbm_time_s(softmax_bytes, gpu, cal)
+
+
+def _combine(compute: float, comm: float, overlap: bool) -> tuple[float, float]:
+    """(pass time, exposed communication) with or without overlapping."""
+    exposed = max(0.0, comm - compute) if overlap else comm
+    return compute + exposed, exposed
+
+
+def layer_times(
+    model: ModelSpec,
+    training: TrainingSpec,
+    gpu: GpuSpec,
+    plan: Plan,
+    tp_bandwidth_bytes_per_s: float,
+    calibration: GpuCalibration | None = None,
+) -> LayerTimes:
+    """Analytic forward/backward/recompute time of one layer for one micro-batch."""
+    cal = calibration or calibration_for(gpu)
+    s, b, t = training.seq_length, plan.micro_batch_size, plan.tp
+    dense = [g for g in layer_gemms(model, s, b, t) if g.name not in _CORE]
+    core_fwd, core_bwd = _attention_core_times(model, training, gpu, plan, cal)
+    elementwise = _hbm_time_s(_elementwise_forward_bytes(model, training, plan), gpu, cal)
+    fwd_compute = sum(gemm_time_s(g, gpu, cal) for g in dense) + core_fwd + elementwise
+    bwd_gemms = sum(gemm_time_s(x, gpu, cal) for g in dense for x in g.backward())
+    # Backward of element-wise kernels reads the saved input and the output gradient
+    # and writes the input gradient: ~2 x the forward traffic (assumption).
+    bwd_compute = bwd_gemms + core_bwd + 2.0 * elementwise
+    # Megatron TP: 2 all-reduces per layer in forward and 2 in backward, or with SP
+    # 2 all-gathers + 2 reduce-scatters each way (Korthikanti et al. 2022 sec. 4.2.2),
+    # of the b s h activation, 2 B per element.
+    act_bytes = 2.0 * s * b * model.hidden_size
+    comm = 4 * tp_collective_time_s(act_bytes, t, tp_bandwidth_bytes_per_s) if t > 1 else 0.0
+    # Megatron --tp-comm-overlap hides TP comm under the GEMMs (read defensively
+    # until TrainingSpec carries the flag).
+    overlap = training.tp_comm_overlap
+    forward, comm_fwd = _combine(fwd_compute, comm, overlap)
+    backward, comm_bwd = _combine(bwd_compute, comm, overlap)
+    if plan.recompute == "full":
+        recompute = forward
+        comm_bwd += comm_fwd
+    elif plan.recompute == "selective":
+        recompute = core_fwd
+    else:
+        recompute = 0.0
+    return LayerTimes(forward, backward + recompute, comm_fwd, comm_bwd, recompute)
+
+
+def _boundary_times(
+    model: ModelSpec,
+    training: TrainingSpec,
+    gpu: GpuSpec,
+    plan: Plan,
+    tp_bandwidth_bytes_per_s: float,
+    cal: GpuCalibration,
+) -> tuple[tuple[float, float, float, float], tuple[float, float, float, float]]:
+    """(fwd, bwd, tp comm fwd, tp comm bwd) of the embedding and of LM head + loss."""
+    s, b, t = training.seq_length, plan.micro_batch_size, plan.tp
+    tokens, h = s * b, model.hidden_size
+    vocab = padded_vocab_size(model, t)
+    # Vocab-parallel embedding: one all-reduce (two ring halves) of b s h, 2 B each;
+    # the LM head gathers its input in forward and reduces its gradient in backward.
+    half = tp_collective_time_s(2.0 * tokens * h, t, tp_bandwidth_bytes_per_s)
+    # Embedding: gather rows (read + write 2 B), dropout (read, write, mask); backward
+    # scatter-adds the gradient into the table (~2 x the traffic).
+    emb_bytes = tokens * h * (4.0 + 5.0)
+    emb = (_hbm_time_s(emb_bytes, gpu, cal) + 2 * half, _hbm_time_s(2 * emb_bytes, gpu, cal))
+    head = Gemm("lm_head", tokens, vocab // t, h)
+    logits = tokens * vocab / t
+    # Megatron vocab-parallel cross-entropy: bf16 -> fp32 copy, max, subtract, exp,
+    # sum, divide (~38 B per logit forward, ~22 B backward incl. the bf16 cast);
+    # final norm 8 B (forward) and 16 B (backward) per hidden element.
+    head_fwd = gemm_time_s(head, gpu, cal) + _hbm_time_s(38.0 * logits + 8.0 * tokens * h, gpu, cal)
+    head_bwd = sum(gemm_time_s(g, gpu, cal) for g in head.backward())
+    head_bwd += _hbm_time_s(22.0 * logits + 16.0 * tokens * h, gpu, cal)
+    return (*emb, 2 * half, 0.0), (head_fwd + half, head_bwd + half, half, half)
+
+
+@dataclass(frozen=True)
+class ChunkTimes:
+    """Per micro-batch times of every chunk, by virtual stage ``v = chunk * pp + stage``.
+
+    ``forward_s`` and ``backward_s`` (recomputation included) feed the schedule;
+    the other arrays are parts of them, for the breakdown.  Chunk 0 of stage 0
+    includes the embedding, the last chunk of the last stage the LM head and loss.
+    """
+
+    forward_s: np.ndarray
+    backward_s: np.ndarray
+    tp_comm_forward_s: np.ndarray
+    tp_comm_backward_s: np.ndarray
+    recompute_s: np.ndarray
+    measured: bool = False  # True when the layer times come from a LayerProfile
+
+    def __post_init__(self) -> None:
+        for name in (f.name for f in fields(self) if f.name != "measured"):
+            array = np.array(getattr(self, name), dtype=np.float64)
+            array.flags.writeable = False
+            object.__setattr__(self, name, array)
+
+    def per_stage(self, name: str, pp: int) -> np.ndarray:
+        """Array ``name`` summed over the chunks of every stage (length ``pp``)."""
+        return getattr(self, name).reshape(-1, pp).sum(axis=0)
+
+
+def chunk_times(
+    model: ModelSpec,
+    training: TrainingSpec,
+    gpu: GpuSpec,
+    plan: Plan,
+    tp_bandwidth_bytes_per_s: float,
+    profile: LayerProfile | None = None,
+    calibration: GpuCalibration | None = None,
+) -> ChunkTimes:
+    """Forward and backward time per micro-batch of every model chunk.
+
+    Parameters
+    ----------
+    model, training, gpu, plan
+        The job, the GPU type of the stage and the layout.
+    tp_bandwidth_bytes_per_s
+        Bandwidth of the slowest link inside the tensor-parallel groups, bytes/s
+        (ignored when ``plan.tp == 1``).
+    profile
+        Measured per-layer times; when given, the plan's ``(tp, micro_batch_size)``
+        must be in it and its times replace the analytic layer estimate (they
+        already contain recomputation and TP communication, so those parts read 0).
+    calibration
+        Compute parameters (default: the fitted table entry of ``gpu``).
+
+    Raises
+    ------
+    SpecError
+        A non-positive TP bandwidth with ``tp > 1``, or a profile without the plan.
+    """
+    cal = calibration or calibration_for(gpu)
+    if plan.tp > 1 and not tp_bandwidth_bytes_per_s > 0:
+        raise SpecError(
+            "tp_bandwidth_bytes_per_s",
+            tp_bandwidth_bytes_per_s,
+            f"must be positive for tp={plan.tp} (a failed link inside a TP group)",
+        )
+    if profile is None:
+        layer = layer_times(model, training, gpu, plan, tp_bandwidth_bytes_per_s, cal)
+    else:
+        entry = profile.lookup(plan, training)
+        layer = LayerTimes(entry.forward_s, entry.backward_s, 0.0, 0.0, 0.0)  # all measured
+    emb, head = _boundary_times(model, training, gpu, plan, tp_bandwidth_bytes_per_s, cal)
+    parts = np.outer(astuple(layer), np.array(plan.layer_split, dtype=np.float64))
+    parts[:4, 0] += emb  # rows as LayerTimes: fwd, bwd, tp comm fwd/bwd, recompute
+    parts[:4, -1] += head
+    forward, backward, tp_forward, tp_backward, recompute = parts
+    return ChunkTimes(
+        forward, backward, tp_forward, tp_backward, recompute, measured=profile is not None
+    )
+
+
+def optimizer_step_time_s(
+    model: ModelSpec, training: TrainingSpec, gpu: GpuSpec, plan: Plan, stage: int
+) -> float:
+    """Time of the (memory-bound) optimizer step on one GPU of ``stage``.
+
+    Fused Adam over the local shard reads the fp32 gradient, master weight and two
+    moments and writes the last three plus the bf16 weight (30 B/param; SGD with
+    momentum 22 B), the gradient-norm pass reads the gradient (4 B), and the
+    gradient buffer of every local parameter is zeroed (4 B).  The distributed
+    optimizer updates 1/dp of the parameters.
+    """
+    cal = calibration_for(gpu)
+    params = stage_params_per_gpu(model, plan, stage)
+    shard = params / plan.dp if plan.distributed_optimizer else params
+    update = 30.0 if training.optimizer == "adam" else 22.0
+    return _hbm_time_s(shard * (update + 4.0) + 4.0 * params, gpu, cal)

@@ -1,0 +1,352 @@
+"""Peak memory of one GPU of each pipeline stage: what nvidia-smi would show.
+
+Parts (all bytes, for the most loaded GPU of the stage):
+
+- weights, gradients, optimizer state: Megatron mixed-precision Adam keeps a
+  bf16/fp16 weight (2 B), an fp32 main gradient (4 B) and an fp32 master copy
+  plus two fp32 moments (12 B) per parameter, 18 B in all; the distributed
+  optimizer (ZeRO-1) shards the 12 B over the data-parallel ranks.
+- activations: per layer per micro-batch (Korthikanti et al. 2022, Table 2,
+  derived term by term so that GQA, SwiGLU and any FFN width follow), times the
+  layers of the stage, times the micro-batches in flight under (interleaved)
+  1F1B; plus the embedding's inputs on the first stage and the final norm's on
+  the last.
+- logits: the last stage's vocabulary-parallel logits, bf16 and fp32 copies.
+- temporary: the working set of the layer being back-propagated (gradients of
+  its activations, and its re-materialised activations under recompute) and
+  the pipeline send/receive buffers.
+- runtime: CUDA context, NCCL buffers and allocator reserve/fragmentation
+  (:data:`pipette_cp.cost.calibration.MEMORY_CALIBRATION`, fitted on BLOOM).
+
+Where the sources leave a choice the model errs high: it must never call an
+out-of-memory layout feasible.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from pipette_cp.cost.calibration import MEMORY_CALIBRATION, MemoryCalibration
+from pipette_cp.specs.gpu import GpuSpec
+from pipette_cp.specs.model import ModelSpec
+from pipette_cp.specs.plan import Plan
+from pipette_cp.specs.training import TrainingSpec
+from pipette_cp.units import GiB
+
+#: Megatron pads the vocabulary to a multiple of this times tp
+#: (``--make-vocab-size-divisible-by``, default 128).
+VOCAB_DIVISOR = 128
+
+#: Headroom kept free on every GPU (2% of its memory, at least 1 GiB): the caching
+#: allocator needs room for the largest transient block (assumption, not fitted).
+USABLE_HEADROOM_FRACTION = 0.02
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Peak memory of one GPU, by part, bytes."""
+
+    weights: float
+    gradients: float
+    optimizer_state: float
+    activations: float
+    logits: float
+    temporary: float
+    runtime: float
+
+    @property
+    def total_bytes(self) -> float:
+        """Sum of every part, bytes."""
+        return (
+            self.weights
+            + self.gradients
+            + self.optimizer_state
+            + self.activations
+            + self.logits
+            + self.temporary
+            + self.runtime
+        )
+
+    def as_dict(self) -> dict[str, float]:
+        """The parts by name (for reports), bytes."""
+        return asdict(self)
+
+
+# --------------------------------------------------------------------- parameters
+def padded_vocab_size(model: ModelSpec, tp: int) -> int:
+    """Vocabulary padded as Megatron does (multiple of 128 x tp).
+
+    >>> from pipette_cp.specs.model import ModelSpec
+    >>> m = ModelSpec(name="x", num_layers=2, hidden_size=64, num_attention_heads=4,
+    ...               ffn_hidden_size=256, vocab_size=50257, max_seq_length=128)
+    >>> padded_vocab_size(m, 8)
+    51200
+    """
+    # Megatron-LM megatron/training/tokenizer: _vocab_size_with_padding
+    multiple = VOCAB_DIVISOR * tp
+    return math.ceil(model.vocab_size / multiple) * multiple
+
+
+def layer_params_per_gpu(model: ModelSpec, tp: int) -> float:
+    """Parameters of one transformer layer held by one tensor-parallel rank.
+
+    Norms and the biases of the row-parallel layers are replicated on every rank,
+    the rest is split (Megatron ColumnParallelLinear / RowParallelLinear).
+    """
+    replicated = 2 * model.norm_params + (2 * model.hidden_size if model.linear_bias else 0)
+    return (model.params_per_layer - replicated) / tp + replicated
+
+
+def stage_params_per_gpu(model: ModelSpec, plan: Plan, stage: int) -> float:
+    """Parameters held by one GPU of ``stage`` (all its chunks).
+
+    The word embedding (vocab-parallel) sits on stage 0, learned positions
+    replicated over tp; the last stage holds the final norm and the LM head,
+    which is a separate copy of the embedding when tied and pp > 1 (Megatron
+    keeps both copies and all-reduces their gradients).
+    """
+    h = model.hidden_size
+    vocab = padded_vocab_size(model, plan.tp)
+    params = plan.stage_layers(stage) * layer_params_per_gpu(model, plan.tp)
+    if stage == 0:
+        positions = model.max_seq_length if model.position_embedding == "learned" else 0
+        params += vocab * h / plan.tp + positions * h
+    if stage == plan.pp - 1:
+        params += model.norm_params
+        if not model.tied_embeddings or plan.pp > 1:
+            params += vocab * h / plan.tp
+    return params
+
+
+def state_bytes_per_param(training: TrainingSpec, plan: Plan) -> tuple[float, float, float]:
+    """(weight, gradient, optimizer-state) bytes per parameter on one GPU.
+
+    Megatron mixed precision: 2 + 4 + 12 = 18 B (Adam) or 2 + 4 + 8 (SGD with
+    momentum); the distributed optimizer divides the optimizer part by dp
+    (megatron/training/theoretical_memory_usage.py: 18, or 6 + 12/dp).
+    """
+    optimizer = 12.0 if training.optimizer == "adam" else 8.0
+    if plan.distributed_optimizer:
+        optimizer /= plan.dp
+    return 2.0, 4.0, optimizer
+
+
+# -------------------------------------------------------------------- activations
+def uses_flash_attention(training: TrainingSpec, plan: Plan) -> bool:
+    """Whether the plan runs FlashAttention: asked for and available on the stack."""
+    return plan.flash_attention and training.flash_attention_available
+
+
+def _full_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
+    """Bytes one layer stores for one micro-batch without any recomputation."""
+    s, b, t = training.seq_length, plan.micro_batch_size, plan.tp
+    tokens = s * b
+    h, f = model.hidden_size, model.ffn_hidden_size
+    q_width = model.num_attention_heads * model.head_size
+    kv_width = model.kv_heads * model.head_size
+    drop = 1.0 if training.dropout else 0.0
+    # Korthikanti et al. 2022 sec. 4.1: 2 norm inputs (2sbh each), QKV and FC1 inputs
+    # (2sbh each), two 1-byte dropout masks (sbh each) -> 10sbh; replicated over tp
+    # unless sequence parallel.
+    replicated = tokens * h * (8.0 + 2.0 * drop)
+    if plan.sequence_parallel:
+        replicated /= t
+    # Same source, split over tp: Q, K (2 B each), V (2 B), output-projection input
+    # (2 B) -> 8sbh for MHA; widths from the q/kv head counts (GQA).
+    attention = tokens * (2 * q_width + 2 * kv_width + 2 * kv_width + 2 * q_width)
+    # Same source: GeLU input and output (2 x 2 x 4h -> 16sbh); SwiGLU stores the
+    # gate and up projections (2 x 2f) and its output (2f).
+    mlp = tokens * f * (6.0 if model.activation == "swiglu" else 4.0)
+    split = (attention + mlp) / t
+    # Same source: softmax output (2as^2b), dropout mask (as^2b) and output (2as^2b);
+    # FlashAttention keeps only the fp32 log-sum-exp per row (4 B x a s b).
+    heads = model.num_attention_heads
+    if uses_flash_attention(training, plan):
+        core = 4.0 * heads * s * b / t
+    elif plan.recompute == "selective":
+        core = 0.0
+    else:
+        core = heads * s * s * b * (2.0 + 3.0 * drop) / t
+    return replicated + split + core
+
+
+def activation_bytes_per_layer(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
+    """Bytes one transformer layer keeps for one micro-batch until its backward.
+
+    Korthikanti et al. 2022, Table 2, derived term by term: no TP
+    ``sbh(34 + 5as/h)``, TP ``sbh(10 + 24/t + 5as/(ht))``, TP+SP
+    ``sbh(34/t + 5as/(ht))``; selective recompute or FlashAttention drop the
+    ``5as/h`` term; full recompute keeps the layer input, ``2sbh`` (``/t`` with
+    sequence parallelism).
+
+    >>> from pipette_cp.specs.model import ModelSpec
+    >>> from pipette_cp.specs.training import TrainingSpec
+    >>> from pipette_cp.specs.layouts import make_plan
+    >>> m = ModelSpec(name="gpt", num_layers=4, hidden_size=1024, num_attention_heads=16,
+    ...               ffn_hidden_size=4096, vocab_size=51200, max_seq_length=2048)
+    >>> tr = TrainingSpec(global_batch_size=8, seq_length=2048)
+    >>> p = make_plan(num_layers=4, dp=1, pp=1, tp=1, micro_batch_size=1, flash_attention=False)
+    >>> sbh = 2048 * 1024
+    >>> activation_bytes_per_layer(m, tr, p) == sbh * (34 + 5 * 16 * 2048 / 1024)
+    True
+    """
+    if plan.recompute == "full":
+        # Korthikanti et al. 2022 Table 2, full recompute: the layer input, 2sbh.
+        layer_input = 2.0 * training.seq_length * plan.micro_batch_size * model.hidden_size
+        return layer_input / plan.tp if plan.sequence_parallel else layer_input
+    return _full_layer_activation_bytes(model, training, plan)
+
+
+def num_microbatches(training: TrainingSpec, plan: Plan) -> int:
+    """Micro-batches per pipeline per iteration, ``global_batch / (dp x mb)`` (>= 1)."""
+    return max(1, training.global_batch_size // (plan.dp * plan.micro_batch_size))
+
+
+def in_flight_microbatches(plan: Plan, stage: int, num_microbatches: int) -> float:
+    """Micro-batches whose activations ``stage`` holds at its peak, in stage units.
+
+    1F1B (Narayanan et al. 2021, sec. 2.2): stage i (0-based) holds
+    ``min(m, p - i)``.  Interleaved 1F1B with v chunks: Megatron's schedule warms up
+    ``2 (p - i - 1) + (v - 1) p`` chunk-micro-batches and holds one more in the
+    steady state (at most ``m v``), i.e. ``p + (p - 1)/v`` stage-equivalents on stage
+    0 (Megatron theoretical_memory_usage.py interleaving penalty).
+
+    >>> from pipette_cp.specs.layouts import make_plan
+    >>> in_flight_microbatches(make_plan(num_layers=8, dp=1, pp=4, tp=1, micro_batch_size=1), 1, 16)
+    3.0
+    >>> p = make_plan(num_layers=16, dp=1, pp=4, tp=1, micro_batch_size=1, vpp=2)
+    >>> in_flight_microbatches(p, 0, 16)
+    5.5
+    """
+    p, v, m = plan.pp, plan.vpp, num_microbatches
+    if v == 1:
+        return float(min(m, p - stage))
+    # megatron/core/pipeline_parallel/schedules.py, interleaved: num_warmup_microbatches
+    chunk_units = min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)
+    return chunk_units / v
+
+
+def _embedding_activation_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
+    """Per in-flight micro-batch extras of the first stage."""
+    s, b = training.seq_length, plan.micro_batch_size
+    mask = s * b * model.hidden_size / (plan.tp if plan.sequence_parallel else 1)
+    # Megatron theoretical_memory_usage.py: input ids (8sb, int64, replicated over
+    # tp) and the embedding dropout mask (sbh, 1 B) per in-flight micro-batch.
+    return 8.0 * s * b + (mask if training.dropout else 0.0)
+
+
+def _last_stage_head_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
+    """Final-norm input and LM-head input, 2sbh each (Megatron theoretical memory, pp=1)."""
+    sbh = training.seq_length * plan.micro_batch_size * model.hidden_size
+    shard = plan.tp if plan.sequence_parallel else 1
+    return 4.0 * sbh / shard
+
+
+def logits_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
+    """Vocabulary-parallel logits of one micro-batch on the last stage.
+
+    The LM head writes ``s b V/t`` bf16 logits (2 B) and the cross-entropy keeps
+    an fp32 copy (4 B) for its backward (Megatron ``_VocabParallelCrossEntropy``:
+    ``logits.float()``, exp in place, saved for backward): 6 B per element at
+    the peak.  Under 1F1B the last stage runs each micro-batch's backward right
+    after its forward, so one micro-batch of logits is alive.
+    """
+    vocab = padded_vocab_size(model, plan.tp)
+    return 6.0 * training.seq_length * plan.micro_batch_size * vocab / plan.tp
+
+
+def _temporary_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
+    """Transient working set on top of what is stored (assumptions, err high)."""
+    s, b = training.seq_length, plan.micro_batch_size
+    full = _full_layer_activation_bytes(model, training, plan)
+    # Backward of one layer: gradients of its activations are alive at once with the
+    # stored activations; bounded by one layer's full activation size (assumption).
+    temp = full
+    # Full recompute re-materialises one layer's activations before its backward
+    # (Korthikanti et al. 2022 sec. 5: the working set of one layer).
+    if plan.recompute == "full":
+        temp += full
+    if plan.pp > 1:
+        # Pipeline send and receive buffers of activations and their gradients,
+        # 2sbh each (/t with sequence parallelism): one pair per direction.
+        shard = plan.tp if plan.sequence_parallel else 1
+        temp += 4 * 2.0 * s * b * model.hidden_size / shard
+    return temp
+
+
+def usable_memory_bytes(gpu: GpuSpec) -> float:
+    """Memory a plan may fill on ``gpu``: its capacity less a safety headroom.
+
+    >>> from pipette_cp.specs.gpu import resolve_gpu
+    >>> round(usable_memory_bytes(resolve_gpu("a100-80gb")) / 2**30, 1)
+    78.4
+    """
+    headroom = max(USABLE_HEADROOM_FRACTION * gpu.memory_bytes, 1.0 * GiB)
+    return gpu.memory_bytes - headroom
+
+
+def stage_memory(
+    model: ModelSpec,
+    training: TrainingSpec,
+    plan: Plan,
+    stage: int,
+    calibration: MemoryCalibration = MEMORY_CALIBRATION,
+) -> MemoryBreakdown:
+    """Peak memory of the most loaded GPU of pipeline ``stage`` (0-based).
+
+    Parameters
+    ----------
+    model, training, plan
+        The model, the job and the layout.
+    stage
+        Pipeline stage, ``0 <= stage < plan.pp``.
+    calibration
+        Runtime constant and allocator fraction (default: the fitted table).
+
+    Returns
+    -------
+    MemoryBreakdown
+        Bytes by part; ``total_bytes`` is the predicted nvidia-smi peak.
+    """
+    assert 0 <= stage < plan.pp, f"stage {stage} outside 0..{plan.pp - 1}"
+    params = stage_params_per_gpu(model, plan, stage)
+    w_b, g_b, o_b = state_bytes_per_param(training, plan)
+    m = num_microbatches(training, plan)
+    units = in_flight_microbatches(plan, stage, m) * plan.vpp
+    # Interleaving: each in-flight unit is one chunk's micro-batch; with an uneven
+    # split, count the stage's largest chunk for every unit (err high).
+    chunk_layers = max(plan.layer_split[c * plan.pp + stage] for c in range(plan.vpp))
+    per_layer = activation_bytes_per_layer(model, training, plan)
+    activations = units * chunk_layers * per_layer
+    if stage == 0:
+        in_flight = math.ceil(units / plan.vpp)
+        activations += in_flight * _embedding_activation_bytes(model, training, plan)
+    logits = 0.0
+    if stage == plan.pp - 1:
+        activations += _last_stage_head_bytes(model, training, plan)
+        logits = logits_bytes(model, training, plan)
+    temporary = _temporary_bytes(model, training, plan)
+    # Runtime: CUDA context + NCCL + workspaces (constant) and the caching allocator's
+    # reserve, a fraction of the memory churned every micro-batch (fitted on BLOOM).
+    dynamic = activations + logits + temporary
+    runtime = calibration.runtime_bytes + calibration.allocator_fraction * dynamic
+    return MemoryBreakdown(
+        weights=params * w_b,
+        gradients=params * g_b,
+        optimizer_state=params * o_b,
+        activations=activations,
+        logits=logits,
+        temporary=temporary,
+        runtime=runtime,
+    )
+
+
+def memory_by_stage(
+    model: ModelSpec,
+    training: TrainingSpec,
+    plan: Plan,
+    calibration: MemoryCalibration = MEMORY_CALIBRATION,
+) -> tuple[MemoryBreakdown, ...]:
+    """:func:`stage_memory` of every pipeline stage, stage 0 first."""
+    return tuple(stage_memory(model, training, plan, s, calibration) for s in range(plan.pp))
