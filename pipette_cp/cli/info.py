@@ -64,7 +64,9 @@ def show(
 
     A cluster file (``format: pipette-cp-cluster/1``) shows the cluster part only."""
     path = Path(instance)
-    if path.is_file() and str(read_mapping(path).get("format", "")).startswith("pipette-cp-cluster"):
+    if path.is_file() and str(read_mapping(path).get("format", "")).startswith(
+        "pipette-cp-cluster"
+    ):
         console.print(cluster_table(read_cluster_file(path)))
         return
     console.print(instance_report(load_instance(instance)))

@@ -142,7 +142,12 @@ class ModelSpec(FrozenSpec):
         """One transformer block: attention, MLP (every expert and the router for
         MoE) and its two norms."""
         router = self.hidden_size * self.num_experts if self.is_moe else 0
-        return self.attention_params + self.num_experts * self.mlp_params + router + 2 * self.norm_params
+        return (
+            self.attention_params
+            + self.num_experts * self.mlp_params
+            + router
+            + 2 * self.norm_params
+        )
 
     @property
     def embedding_params(self) -> int:
