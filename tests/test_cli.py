@@ -230,3 +230,88 @@ def test_cluster_import_csv_round_trip(tmp_path: Path) -> None:
     cluster = read_cluster_file(out)
     assert cluster.node_names == ("a", "b", "c") and cluster.num_gpus == 12
     assert cluster.node_matrix()[1, 2] == pytest.approx(10e9)
+
+
+PREDICT_KEYS = {
+    "iteration_time_s",
+    "tokens_per_s",
+    "model_tflops_per_gpu",
+    "hardware_tflops_per_gpu",
+    "mfu",
+    "hfu",
+    "memory_gb_per_gpu_max",
+    "memory_gb_by_stage",
+    "fits",
+    "breakdown",
+}
+
+
+def test_predict_json_contract() -> None:
+    code, out = run(
+        "predict", "--tp", "2", "--pp", "2", "--mb", "2", "--recompute", "selective", "--json"
+    )
+    assert code == 0, out
+    data = json.loads(out)
+    assert set(data) >= PREDICT_KEYS
+    assert data["dp"] == 16 and len(data["memory_gb_by_stage"]) == 2
+    assert sum(data["breakdown"].values()) == pytest.approx(data["iteration_time_s"], rel=1e-9)
+    assert set(data["memory_breakdown_gb_by_stage"][0]) >= {"weights", "activations", "runtime"}
+    assert data["fits"] is True
+
+
+def test_predict_table_and_simulator() -> None:
+    code, out = run("predict", "--tp", "2", "--pp", "2", "--predictor", "simulator")
+    assert code == 0 and "simulator" in out and "Memory per stage" in out
+
+
+def test_predict_takes_a_placement_from_a_plan_file(tmp_path: Path) -> None:
+    from pipette_cp.specs.layouts import make_plan
+
+    placement = tuple(
+        reversed(make_plan(num_layers=32, dp=16, pp=2, tp=2, micro_batch_size=1).placement)
+    )
+    plan = make_plan(num_layers=32, dp=16, pp=2, tp=2, micro_batch_size=1, placement=placement)
+    path = tmp_path / "plan.json"
+    path.write_text(plan.model_dump_json())
+    code, out = run("predict", "--tp", "2", "--pp", "2", "--placement", str(path), "--json")
+    assert code == 0, out
+
+
+PREDICT_BAD = {
+    "tp does not divide heads": (["--tp", "3", "--dp", "1", "--pp", "1"], "tp"),
+    "tp*pp does not divide GPUs": (["--tp", "2", "--pp", "3"], "must divide the 64 GPUs"),
+    "dp*mb does not divide the batch": (
+        ["--tp", "2", "--pp", "4", "--mb", "3"],
+        "must divide global_batch_size=512",
+    ),
+    "too many GPUs": (["--tp", "8", "--pp", "2", "--dp", "8"], "128"),
+    "split not covering the layers": (["--tp", "2", "--pp", "2", "--split", "10,10"], "32"),
+    "split not integers": (["--tp", "2", "--pp", "2", "--split", "a,b"], "--split='a,b'"),
+    "vpp without pp": (["--tp", "2", "--pp", "1", "--vpp", "2"], "vpp"),
+    "zero micro-batch": (["--tp", "2", "--pp", "2", "--mb", "0"], "--mb=0"),
+    "plan file with other degrees": (
+        ["--tp", "4", "--pp", "2", "--placement", "PLAN"],
+        "holds dp=16 pp=2 tp=2",
+    ),
+    "missing plan file": (
+        ["--tp", "2", "--pp", "2", "--placement", "/nonexistent.json"],
+        "no such file",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(PREDICT_BAD), ids=list(PREDICT_BAD))
+def test_predict_bad_input(case: str, tmp_path: Path) -> None:
+    from pipette_cp.specs.layouts import make_plan
+
+    args, expected = PREDICT_BAD[case]
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(
+        make_plan(num_layers=32, dp=16, pp=2, tp=2, micro_batch_size=1).model_dump_json()
+    )
+    args = [str(plan_file) if a == "PLAN" else a for a in args]
+    code, out = run("predict", *args)
+    assert code == 2, out
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), out
+    assert expected in out, out

@@ -11,6 +11,7 @@ import typer
 
 from pipette_cp.cli.app import app, console
 from pipette_cp.cost.evaluate import evaluate
+from pipette_cp.cost.memory import memory_by_stage
 from pipette_cp.errors import LayoutError
 from pipette_cp.io.files import read_text
 from pipette_cp.io.instance_file import DEFAULT_INSTANCE, load_instance
@@ -124,7 +125,8 @@ def predict(
         placement=placed,
     )
     evaluation = evaluate(inst, plan, predictor=predictor.value)
+    memory = memory_by_stage(inst.model, inst.training, plan)
     if as_json:
-        typer.echo(json.dumps(evaluation_json(plan, evaluation), indent=2))
+        typer.echo(json.dumps(evaluation_json(plan, evaluation, memory), indent=2))
     else:
-        console.print(evaluation_table(plan, evaluation))
+        console.print(evaluation_table(plan, evaluation, memory))

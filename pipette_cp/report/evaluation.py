@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
+from pipette_cp.cost.memory import MemoryBreakdown
 from pipette_cp.specs import Evaluation, Plan
 from pipette_cp.units import GB
 
 
-def evaluation_json(plan: Plan, evaluation: Evaluation) -> dict[str, Any]:
+def evaluation_json(
+    plan: Plan, evaluation: Evaluation, memory: Sequence[MemoryBreakdown] = ()
+) -> dict[str, Any]:
     """The stable JSON contract of ``predict --json`` (GB = 1e9 bytes)."""
-    return {
+    out = {
         "layout": plan.layout(),
         "dp": plan.dp,
         "pp": plan.pp,
@@ -38,9 +43,16 @@ def evaluation_json(plan: Plan, evaluation: Evaluation) -> dict[str, Any]:
         "breakdown": dict(evaluation.breakdown_s),
         "predictor": evaluation.model,
     }
+    if memory:
+        out["memory_breakdown_gb_by_stage"] = [
+            {part: value / GB for part, value in stage.as_dict().items()} for stage in memory
+        ]
+    return out
 
 
-def evaluation_table(plan: Plan, evaluation: Evaluation) -> Group:
+def evaluation_table(
+    plan: Plan, evaluation: Evaluation, memory: Sequence[MemoryBreakdown] = ()
+) -> Group:
     """Headline numbers, the time breakdown and memory per stage."""
     fits = "[green]yes[/]" if evaluation.fits else "[bold red]NO (out of memory)[/]"
     head = Table(title=f"Plan {plan.layout()}", show_header=False, title_justify="left", box=None)
@@ -73,10 +85,28 @@ def evaluation_table(plan: Plan, evaluation: Evaluation) -> Group:
     total = evaluation.iteration_time_s or 1.0
     for name, seconds in evaluation.breakdown_s.items():
         parts.add_row(name, f"{seconds:.3f}", f"{seconds / total:.1%}")
-    memory = Table(title="Memory per stage (most loaded GPU)", title_justify="left")
-    memory.add_column("stage", justify="right")
-    memory.add_column("GB", justify="right")
+    return Group(head, Text(""), parts, Text(""), memory_table(evaluation, memory))
+
+
+_SHORT = {
+    "optimizer_state": "optim",
+    "activations": "activ",
+    "gradients": "grads",
+    "temporary": "temp",
+}
+
+
+def memory_table(evaluation: Evaluation, memory: Sequence[MemoryBreakdown] = ()) -> Table:
+    """Peak memory of the most loaded GPU of each stage, by part when given (GB)."""
+    table = Table(title="Memory per stage, GB (most loaded GPU)", title_justify="left")
+    table.add_column("stage", justify="right")
+    names = list(memory[0].as_dict()) if memory else []
+    for name in names:
+        table.add_column(_SHORT.get(name, name), justify="right")
+    table.add_column("total", justify="right")
     for stage, used in enumerate(evaluation.memory_bytes_by_stage):
         over = used > evaluation.memory_limit_bytes
-        memory.add_row(str(stage), f"[red]{used / GB:.1f}[/]" if over else f"{used / GB:.1f}")
-    return Group(head, parts, memory)
+        total = f"[red]{used / GB:.1f}[/]" if over else f"{used / GB:.1f}"
+        cells = [f"{v / GB:.1f}" for v in memory[stage].as_dict().values()] if memory else []
+        table.add_row(str(stage), *cells, total)
+    return table
