@@ -13,6 +13,16 @@ from pipette_cp.errors import (
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # `pipette_cp.solve` without importing the solvers at package import time.
+    if name == "solve":
+        from pipette_cp.api import solve
+
+        return solve
+    raise AttributeError(f"module 'pipette_cp' has no attribute {name!r}")
+
+
 __all__ = [
     "InfeasibleError",
     "InputFileError",
@@ -23,4 +33,5 @@ __all__ = [
     "SpecError",
     "UnsupportedError",
     "__version__",
+    "solve",
 ]

@@ -69,5 +69,6 @@ def main() -> None:
 from pipette_cp.cli import cluster as _cluster  # noqa: E402
 from pipette_cp.cli import info as _info  # noqa: E402
 from pipette_cp.cli import predict as _predict  # noqa: E402
+from pipette_cp.cli import solve as _solve  # noqa: E402
 
-__all__ = ["_cluster", "_info", "_predict", "app", "console", "err_console", "main"]
+__all__ = ["_cluster", "_info", "_predict", "_solve", "app", "console", "err_console", "main"]

@@ -1,0 +1,80 @@
+"""The library entry point mirroring ``pipette-cp solve``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipette_cp.io.instance_file import DEFAULT_INSTANCE, load_instance
+from pipette_cp.search import search
+from pipette_cp.search.loop import Progress, SearchResult
+from pipette_cp.specs import Instance, Plan, SearchSpace
+
+
+def solve(
+    instance: Instance | str | Path = DEFAULT_INSTANCE,
+    *,
+    method: str = "cpsat",
+    top_k: int = 5,
+    time_limit_s: float = 60.0,
+    seed: int = 0,
+    space: SearchSpace | None = None,
+    progress: Progress | None = None,
+) -> list[Plan]:
+    """The fastest plans that fit in memory, best first.
+
+    Parameters
+    ----------
+    instance
+        An :class:`~pipette_cp.specs.Instance`, a bundled instance name or a path.
+    method
+        Split/placement method from :data:`pipette_cp.solvers.METHODS`
+        (``cpsat``, ``milp``, ``greedy``, ``pipette-sa``, ``amp``, ``megatron-default``, ...).
+    top_k, time_limit_s, seed, space
+        Number of plans returned, total wall-clock budget, random seed, and an
+        optional override of the instance's search space.
+
+    Examples
+    --------
+    >>> from pipette_cp import solve
+    >>> plans = solve("gpt3-1.3b-nominal-8", method="megatron-default", top_k=2, time_limit_s=20)
+    >>> best = plans[0]
+    >>> best.evaluation.fits, best.num_gpus
+    (True, 8)
+    >>> best.evaluation.iteration_time_s <= plans[-1].evaluation.iteration_time_s
+    True
+    """
+    return solve_with_stats(
+        instance,
+        method=method,
+        top_k=top_k,
+        time_limit_s=time_limit_s,
+        seed=seed,
+        space=space,
+        progress=progress,
+    ).plans
+
+
+def solve_with_stats(
+    instance: Instance | str | Path = DEFAULT_INSTANCE,
+    *,
+    method: str = "cpsat",
+    top_k: int = 5,
+    time_limit_s: float = 60.0,
+    seed: int = 0,
+    space: SearchSpace | None = None,
+    progress: Progress | None = None,
+) -> SearchResult:
+    """:func:`solve`, also returning what the search did."""
+    name = instance.name if isinstance(instance, Instance) else str(instance)
+    inst = instance if isinstance(instance, Instance) else load_instance(instance)
+    result = search(
+        inst,
+        method=method,
+        top_k=top_k,
+        time_limit_s=time_limit_s,
+        seed=seed,
+        space=space,
+        progress=progress,
+    )
+    result.plans = [p.model_copy(update={"instance": name}) for p in result.plans]
+    return result

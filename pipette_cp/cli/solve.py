@@ -1,0 +1,112 @@
+"""``pipette-cp solve``: the main job."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from pipette_cp.api import solve_with_stats
+from pipette_cp.cli.app import app, console, err_console
+from pipette_cp.errors import SpecError
+from pipette_cp.io.instance_file import DEFAULT_INSTANCE, load_instance
+from pipette_cp.report.plans import plans_json, plans_table
+from pipette_cp.solvers import METHODS
+from pipette_cp.specs import SearchSpace, validate_spec
+
+_PHASES = {
+    "bounds": "bounding layouts",
+    "score": "scoring",
+    "solve": "solving split + placement",
+    "rerank": "re-ranking (simulator)",
+}
+
+
+def _ints(option: str, text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise SpecError(option, text, "expected comma-separated integers, e.g. 1,2,4") from None
+
+
+def _override(space: SearchSpace, **lists: tuple | None) -> SearchSpace:
+    update = {k: v for k, v in lists.items() if v is not None}
+    if not update:
+        return space
+    return validate_spec(SearchSpace, {**space.model_dump(), **update}, "search_space")
+
+
+@app.command()
+def solve(
+    instance: Annotated[
+        str, typer.Argument(help="Bundled instance name or instance file.")
+    ] = DEFAULT_INSTANCE,
+    top: Annotated[int, typer.Option("--top", help="Plans to show.")] = 5,
+    time_limit: Annotated[
+        float, typer.Option("--time-limit", help="Total wall-clock budget, s.")
+    ] = 60.0,
+    method: Annotated[str, typer.Option(help="Split/placement method.")] = "cpsat",
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    tp: Annotated[str | None, typer.Option("--tp", help="Allowed tp sizes, e.g. 2,4,8.")] = None,
+    pp: Annotated[str | None, typer.Option("--pp", help="Allowed pp sizes.")] = None,
+    dp: Annotated[str | None, typer.Option("--dp", help="Allowed dp sizes.")] = None,
+    mb: Annotated[str | None, typer.Option("--mb", help="Allowed micro-batch sizes.")] = None,
+    vpp: Annotated[
+        str | None, typer.Option("--vpp", help="Allowed model chunks per stage.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plans as JSON.")] = False,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Write the best plan (JSON).")
+    ] = None,
+) -> None:
+    """Find the fastest layouts that fit: degrees, knobs, layer split and GPU placement."""
+    if method not in METHODS:
+        raise SpecError("--method", method, f"unknown method; known: {', '.join(sorted(METHODS))}")
+    inst = load_instance(instance)
+    space = _override(
+        inst.search_space,
+        tp=_ints("--tp", tp), pp=_ints("--pp", pp), dp=_ints("--dp", dp),
+        micro_batch_size=_ints("--mb", mb), vpp=_ints("--vpp", vpp),
+    )  # fmt: skip
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=err_console, transient=True, disable=as_json) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(_PHASES.get(phase, phase), total=total)
+            bar.update(tasks[phase], completed=done, total=total)
+
+        result = solve_with_stats(
+            inst,
+            method=method,
+            top_k=top,
+            time_limit_s=time_limit,
+            seed=seed,
+            space=space,
+            progress=progress,
+        )
+    plans = [p.model_copy(update={"instance": instance}) for p in result.plans]
+    if out is not None:
+        out.write_text(plans[0].model_dump_json(indent=1) + "\n", encoding="utf-8")
+    if as_json:
+        typer.echo(json.dumps(plans_json(plans), indent=1))
+        return
+    s = result.stats
+    console.print(plans_table(plans, f"Top plans for {inst.name} ({method})"))
+    console.print(
+        f"{s.layouts} layouts: {s.invalid} invalid, {s.pruned_memory} never fit, {s.scored} scored, "
+        f"{s.pruned_bound} pruned by the time bound, {s.solved} solved, {s.skipped_budget} over budget; "
+        f"{s.wall_time_s:.1f} s" + (f"; best plan written to {out}" if out else ""),
+        highlight=False,
+    )

@@ -1,0 +1,72 @@
+"""The ranked plans of a search as a rich table or JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.table import Table
+
+from pipette_cp.report.evaluation import evaluation_json
+from pipette_cp.specs import Plan
+from pipette_cp.units import GB
+
+
+def _split(plan: Plan) -> str:
+    split = plan.layer_split
+    if len(set(split)) == 1:
+        return f"{len(split)} x {split[0]}"
+    text = " ".join(map(str, split))
+    return text if len(text) <= 24 else text[:21] + "..."
+
+
+def plans_table(plans: list[Plan], title: str = "Top plans") -> Table:
+    """Rank, layout, split, iteration time, tokens/s, MFU, memory and solver gap."""
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    for col, justify in (
+        ("#", "right"), ("layout", "left"), ("split", "left"), ("iter s", "right"),
+        ("tokens/s", "right"), ("MFU", "right"), ("mem GB", "right"), ("gap", "right"),
+    ):  # fmt: skip
+        table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for rank, plan in enumerate(plans, 1):
+        ev = plan.evaluation
+        assert ev is not None
+        table.add_row(
+            str(rank),
+            plan.layout(),
+            _split(plan),
+            f"{ev.iteration_time_s:.3f}",
+            f"{ev.tokens_per_s / 1e3:,.0f}k",
+            f"{ev.mfu:.1%}",
+            f"{ev.memory_bytes_max / GB:.1f}/{ev.memory_limit_bytes / GB:.0f}",
+            _gap(plan),
+        )
+    return table
+
+
+def _gap(plan: Plan) -> str:
+    """Solver status in one cell: 'opt', the gap of a timed-out solve, or 'heur'."""
+    info = plan.solve_info
+    if info is None or info.status == "heuristic":
+        return "heur"
+    if info.status == "optimal":
+        return "opt"
+    return "-" if info.gap is None else f"{info.gap:.1%}"
+
+
+def plans_json(plans: list[Plan]) -> list[dict[str, Any]]:
+    """Each plan's evaluation contract plus its solver report and placement."""
+    out = []
+    for plan in plans:
+        assert plan.evaluation is not None
+        entry = evaluation_json(plan, plan.evaluation)
+        entry["solve_info"] = plan.solve_info.model_dump() if plan.solve_info else None
+        entry["placement"] = [list(unit) for unit in plan.placement]
+        out.append(entry)
+    return out

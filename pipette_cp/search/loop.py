@@ -1,0 +1,223 @@
+"""The outer loop: enumerate layouts, prune with bounds, solve the survivors, re-rank.
+
+1. :func:`~pipette_cp.search.space.enumerate_layouts` gives every skeleton.
+2. Skeletons no split can fit in memory are dropped (:func:`memory_check`).
+3. The rest are scored as they stand (even split, Megatron placement) in order
+   of their lower bound (:func:`time_lower_bound`); once the bound passes the best
+   fitting score, no later skeleton can win and scoring stops.
+4. The chosen method (split + placement) runs on the skeletons in order of
+   their score, each within its share of the time budget; skeletons whose bound
+   is not below the best solved plan are skipped.
+5. The best ``top_k`` by the analytic model are re-ranked by the simulator.
+
+Every returned plan fits in memory per the model and passes the checker.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pipette_cp.checker import check_plan
+from pipette_cp.cost.evaluate import Evaluator, validate_layout
+from pipette_cp.errors import InfeasibleError, LayoutError, PipetteError
+from pipette_cp.search.bounds import memory_check, time_lower_bound
+from pipette_cp.search.space import enumerate_layouts
+from pipette_cp.solvers import SolveOptions, get_method
+from pipette_cp.specs import Instance, Plan, SearchSpace
+
+#: ``progress(phase, done, total)``; phases: "bounds", "score", "solve", "rerank".
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class SearchStats:
+    """What the search did (for the report)."""
+
+    layouts: int = 0
+    invalid: int = 0
+    pruned_memory: int = 0
+    scored: int = 0
+    pruned_bound: int = 0
+    solved: int = 0
+    skipped_budget: int = 0
+    method_failures: int = 0
+    wall_time_s: float = 0.0
+    smallest_deficit_bytes: float = math.inf
+    deficit_layout: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SearchResult:
+    """Ranked plans (best first) and statistics."""
+
+    plans: list[Plan]
+    stats: SearchStats
+
+
+@dataclass(order=True)
+class _Candidate:
+    score_s: float
+    bound_s: float = field(compare=False)
+    plan: Plan = field(compare=False)
+
+
+def search(
+    instance: Instance,
+    *,
+    method: str = "cpsat",
+    top_k: int = 5,
+    time_limit_s: float = 60.0,
+    seed: int = 0,
+    space: SearchSpace | None = None,
+    max_solves: int | None = None,
+    progress: Progress | None = None,
+) -> SearchResult:
+    """The ``top_k`` fastest plans that fit, best first (see the module docstring).
+
+    Raises
+    ------
+    InfeasibleError
+        When no layout fits in memory; the message names the smallest deficit and
+        what would make a layout fit.
+    """
+    start = time.perf_counter()
+    solve = get_method(method)
+    notify = progress or (lambda phase, done, total: None)
+    stats = SearchStats()
+    evaluator = Evaluator(instance, validate=False)
+    survivors: list[tuple[float, Plan]] = []
+    layouts = list(enumerate_layouts(instance, space))
+    stats.layouts = len(layouts)
+    for i, plan in enumerate(layouts):
+        notify("bounds", i + 1, len(layouts))
+        try:
+            validate_layout(instance, plan)
+        except LayoutError:
+            stats.invalid += 1
+            continue
+        check = memory_check(instance, plan)
+        if not check.feasible:
+            stats.pruned_memory += 1
+            if check.deficit_bytes < stats.smallest_deficit_bytes:
+                stats.smallest_deficit_bytes, stats.deficit_layout = (
+                    check.deficit_bytes,
+                    plan.layout(),
+                )
+            continue
+        survivors.append((time_lower_bound(instance, plan), plan))
+    if not survivors:
+        raise InfeasibleError(_nothing_fits(instance, stats))
+    survivors.sort(key=lambda item: item[0])
+    candidates = _score(evaluator, survivors, stats, notify)
+    plans = _solve_all(
+        instance, evaluator, candidates, solve, stats, notify, start, time_limit_s, seed, max_solves
+    )
+    if not plans:
+        raise InfeasibleError(_nothing_fits(instance, stats))
+    ranked = _rerank(evaluator, plans, top_k, notify)
+    stats.wall_time_s = time.perf_counter() - start
+    return SearchResult(ranked, stats)
+
+
+def _score(
+    evaluator: Evaluator, survivors: list, stats: SearchStats, notify: Progress
+) -> list[_Candidate]:
+    """Score skeletons in bound order until the bound passes the best fitting score."""
+    best = math.inf
+    scored: list[_Candidate] = []
+    for i, (bound, plan) in enumerate(survivors):
+        notify("score", i + 1, len(survivors))
+        if bound >= best:
+            stats.pruned_bound += len(survivors) - i
+            break
+        try:
+            evaluation = evaluator.evaluate(plan)
+            score = evaluation.iteration_time_s if evaluation.fits else math.inf
+        except InfeasibleError:  # the default placement crosses a failed link
+            score = math.inf
+        stats.scored += 1
+        best = min(best, score)
+        scored.append(_Candidate(score, bound, plan))
+    return sorted(scored)
+
+
+def _solve_all(
+    instance: Instance,
+    evaluator: Evaluator,
+    candidates: list[_Candidate],
+    solve: Callable,
+    stats: SearchStats,
+    notify: Progress,
+    start: float,
+    budget_s: float,
+    seed: int,
+    max_solves: int | None,
+) -> list[Plan]:
+    """Run the method on candidates, most promising first, within the budget."""
+    solved: list[Plan] = []
+    best = math.inf
+    for i, cand in enumerate(candidates):
+        notify("solve", i + 1, len(candidates))
+        if cand.bound_s >= best:
+            stats.pruned_bound += 1
+            continue
+        left = budget_s - (time.perf_counter() - start)
+        if left <= 0 or (max_solves is not None and stats.solved >= max_solves):
+            stats.skipped_budget += 1
+            continue
+        share = max(left / max(1, min(len(candidates) - i, 8)), 0.5)
+        try:
+            plan = solve(
+                instance, cand.plan, SolveOptions(time_limit_s=min(share, left), seed=seed)
+            )
+            evaluation = evaluator.evaluate(plan)
+        except (InfeasibleError, LayoutError):
+            stats.method_failures += 1
+            continue
+        stats.solved += 1
+        if not evaluation.fits or check_plan(instance, plan):
+            stats.method_failures += 1
+            continue
+        best = min(best, evaluation.iteration_time_s)
+        solved.append(plan.model_copy(update={"evaluation": evaluation}))
+    return solved
+
+
+def _rerank(evaluator: Evaluator, plans: list[Plan], top_k: int, notify: Progress) -> list[Plan]:
+    """Best ``top_k`` by the analytic model, re-ranked by the simulator."""
+    plans = sorted(plans, key=lambda p: p.evaluation.iteration_time_s)[: max(top_k, 1)]
+    ranked = []
+    for i, plan in enumerate(plans):
+        notify("rerank", i + 1, len(plans))
+        try:
+            simulated = evaluator.evaluate(plan, "simulator")
+        except PipetteError:
+            simulated = plan.evaluation
+        ranked.append(plan.model_copy(update={"evaluation": simulated}))
+    return sorted(ranked, key=lambda p: p.evaluation.iteration_time_s)
+
+
+def _nothing_fits(instance: Instance, stats: SearchStats) -> str:
+    """One line: the smallest deficit and what would make a layout fit."""
+    if not math.isfinite(stats.smallest_deficit_bytes):
+        return (
+            f"no valid layout of {instance.model.name} on {instance.cluster.num_gpus} GPUs in the "
+            f"search space ({stats.layouts} layouts, {stats.invalid} invalid); widen the search space"
+        )
+    space = instance.search_space
+    hints = []
+    if "full" not in space.recompute:
+        hints.append("allow --recompute full")
+    if True not in space.distributed_optimizer:
+        hints.append("allow the distributed optimizer")
+    if 1 not in space.micro_batch_size:
+        hints.append("allow micro-batch 1")
+    hints.append("use more GPUs or GPUs with more memory")
+    return (
+        f"nothing fits in memory: the closest layout ({stats.deficit_layout}) needs "
+        f"{stats.smallest_deficit_bytes / 1e9:.2f} GB more per GPU; " + ", ".join(hints)
+    )

@@ -1,0 +1,109 @@
+"""Every candidate layout of an instance: (dp, pp, tp) and the other knobs.
+
+A *skeleton* is a :class:`~pipette_cp.specs.Plan` whose degrees and knobs are
+fixed and whose layer split (even) and placement (Megatron's tp-dp-pp order)
+are only starting points for the solvers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import product
+
+from pipette_cp.specs import Instance, Plan, SearchSpace
+from pipette_cp.specs.layouts import make_plan
+
+
+def divisors(n: int) -> list[int]:
+    """Positive divisors of ``n`` in increasing order."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class Degrees:
+    """One (dp, pp, tp) factorisation."""
+
+    dp: int
+    pp: int
+    tp: int
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.pp * self.tp
+
+
+def gpu_counts(instance: Instance) -> list[int]:
+    """GPU totals a layout may use: all of them, or (``use_all_gpus: false``) any total
+    that leaves out less than one node's worth, so a slow node can be dropped."""
+    n, g = instance.cluster.num_gpus, instance.cluster.gpus_per_node
+    if instance.search_space.use_all_gpus or instance.cluster.num_nodes == 1:
+        return [n]
+    return list(range(n, n - g, -1))
+
+
+def degrees(instance: Instance, space: SearchSpace | None = None) -> list[Degrees]:
+    """Valid (dp, pp, tp): tp within a node and dividing the heads and kv heads,
+    pp <= layers, dp x pp x tp one of :func:`gpu_counts`, restricted by ``space``."""
+    space = space or instance.search_space
+    model, g = instance.model, instance.cluster.gpus_per_node
+    tps = [
+        t
+        for t in divisors(g)
+        if model.num_attention_heads % t == 0
+        and model.kv_heads % t == 0
+        and (space.tp is None or t in space.tp)
+    ]
+    found = []
+    for total in gpu_counts(instance):
+        for tp in tps:
+            if total % tp:
+                continue
+            for pp in divisors(total // tp):
+                dp = total // (tp * pp)
+                if pp > model.num_layers or (space.pp is not None and pp not in space.pp):
+                    continue
+                if space.dp is not None and dp not in space.dp:
+                    continue
+                found.append(Degrees(dp, pp, tp))
+    return found
+
+
+def enumerate_layouts(instance: Instance, space: SearchSpace | None = None) -> Iterator[Plan]:
+    """Every skeleton plan the search space allows and Megatron can run.
+
+    Knobs that cannot matter are not duplicated: sequence parallelism needs tp > 1,
+    the distributed optimizer dp > 1, FlashAttention availability on this stack;
+    interleaving needs pp > 1, at least one layer per chunk, and (Megatron) pp
+    dividing the number of micro-batches.
+    """
+    space = space or instance.search_space
+    model, training = instance.model, instance.training
+    flash = [f for f in space.flash_attention if training.flash_attention_available or not f] or [
+        False
+    ]
+    for d in degrees(instance, space):
+        for mb in space.micro_batch_size:
+            if training.global_batch_size % (d.dp * mb):
+                continue
+            m = training.global_batch_size // (d.dp * mb)
+            vpps = [
+                v
+                for v in space.vpp
+                if v == 1 or (d.pp > 1 and model.num_layers >= d.pp * v and m % d.pp == 0)
+            ]
+            sps = sorted({sp and d.tp > 1 for sp in space.sequence_parallel}, reverse=True)
+            dos = sorted({do and d.dp > 1 for do in space.distributed_optimizer}, reverse=True)
+            for vpp, sp, recompute, do, fa in product(vpps, sps, space.recompute, dos, flash):
+                yield make_plan(
+                    num_layers=model.num_layers,
+                    dp=d.dp,
+                    pp=d.pp,
+                    tp=d.tp,
+                    micro_batch_size=mb,
+                    vpp=vpp,
+                    sequence_parallel=sp,
+                    recompute=recompute,
+                    distributed_optimizer=do,
+                    flash_attention=fa,
+                )
