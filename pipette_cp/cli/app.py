@@ -67,8 +67,19 @@ def main() -> None:
 
 # Sub-commands register themselves on import (kept last to avoid cycles).
 from pipette_cp.cli import cluster as _cluster  # noqa: E402
+from pipette_cp.cli import export as _export  # noqa: E402
 from pipette_cp.cli import info as _info  # noqa: E402
 from pipette_cp.cli import predict as _predict  # noqa: E402
 from pipette_cp.cli import solve as _solve  # noqa: E402
 
-__all__ = ["_cluster", "_info", "_predict", "_solve", "app", "console", "err_console", "main"]
+__all__ = [
+    "_cluster",
+    "_export",
+    "_info",
+    "_predict",
+    "_solve",
+    "app",
+    "console",
+    "err_console",
+    "main",
+]

@@ -1,0 +1,94 @@
+"""Megatron-LM command-line arguments that realise a plan.
+
+Flag names from Megatron-LM ``megatron/training/arguments.py`` (Megatron-Core
+0.9+ spelling; older releases used ``--use-flash-attn`` and
+``--num-layers-per-virtual-pipeline-stage`` only)."""
+
+from __future__ import annotations
+
+from pipette_cp.specs import Instance, Plan
+from pipette_cp.specs.layouts import even_split
+
+
+def model_args(instance: Instance) -> list[str]:
+    """Architecture flags of the instance's model."""
+    m, t = instance.model, instance.training
+    args = [
+        f"--num-layers {m.num_layers}",
+        f"--hidden-size {m.hidden_size}",
+        f"--ffn-hidden-size {m.ffn_hidden_size}",
+        f"--num-attention-heads {m.num_attention_heads}",
+        f"--seq-length {t.seq_length}",
+        f"--max-position-embeddings {m.max_seq_length}",
+    ]
+    if m.kv_heads != m.num_attention_heads:
+        args += ["--group-query-attention", f"--num-query-groups {m.kv_heads}"]
+    if m.head_dim is not None and m.head_dim != m.hidden_size // m.num_attention_heads:
+        args.append(f"--kv-channels {m.head_dim}")
+    if m.activation == "swiglu":
+        args.append("--swiglu")
+    if m.norm == "rmsnorm":
+        args.append("--normalization RMSNorm")
+    if m.position_embedding != "learned":
+        args.append(f"--position-embedding-type {m.position_embedding}")
+    if not m.linear_bias:
+        args.append("--disable-bias-linear")
+    if not m.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    args.append(f"--{t.precision}")
+    return args
+
+
+def split_args(instance: Instance, plan: Plan) -> list[str]:
+    """Flags for the layer split: none when even; first/last stage counts when only
+    they differ (``--decoder-first-pipeline-num-layers`` /
+    ``--decoder-last-pipeline-num-layers``); otherwise a comment with the per-chunk
+    layout, which needs Megatron's ``--pipeline-model-parallel-layout`` (newer
+    releases) or a patched ``get_num_layers_to_build``."""
+    split, layers = plan.layer_split, instance.model.num_layers
+    if plan.pp == 1 or (layers % (plan.pp * plan.vpp) == 0 and split == even_split(layers, plan.pp, plan.vpp)):
+        return []
+    stages = [plan.stage_layers(s) for s in range(plan.pp)]
+    middle = stages[1:-1]
+    if plan.vpp == 1 and len(set(middle)) <= 1:
+        args = []
+        if not middle or stages[0] != middle[0]:
+            args.append(f"--decoder-first-pipeline-num-layers {stages[0]}")
+        if not middle or stages[-1] != middle[0]:
+            args.append(f"--decoder-last-pipeline-num-layers {stages[-1]}")
+        return args
+    chunks = "|".join("t" * n for n in split)
+    return [f'--pipeline-model-parallel-layout "E{chunks}L"  # per virtual stage: {" ".join(map(str, split))}']
+
+
+def megatron_args(instance: Instance, plan: Plan) -> list[str]:
+    """Every flag: parallel sizes, batch, interleaving, SP, recompute, optimizer, split."""
+    t = instance.training
+    args = [
+        f"--tensor-model-parallel-size {plan.tp}",
+        f"--pipeline-model-parallel-size {plan.pp}",
+        f"--micro-batch-size {plan.micro_batch_size}",
+        f"--global-batch-size {t.global_batch_size}",
+    ]
+    if plan.vpp > 1:
+        args.append(f"--num-virtual-stages-per-pipeline-rank {plan.vpp}")
+        if instance.model.num_layers % (plan.pp * plan.vpp) == 0:
+            per_chunk = instance.model.num_layers // (plan.pp * plan.vpp)
+            args.append(f"# older Megatron: --num-layers-per-virtual-pipeline-stage {per_chunk}")
+    if plan.sequence_parallel:
+        args.append("--sequence-parallel")
+    if plan.recompute == "selective":
+        args.append("--recompute-granularity selective")
+    elif plan.recompute == "full":
+        args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+    if plan.distributed_optimizer:
+        args.append("--use-distributed-optimizer")
+    if plan.flash_attention:
+        args.append("--attention-backend flash")
+    if t.overlap_grad_reduce:
+        args.append("--overlap-grad-reduce")
+    if t.overlap_param_gather and plan.distributed_optimizer:
+        args.append("--overlap-param-gather")
+    if t.tp_comm_overlap and plan.tp > 1:
+        args.append("--tp-comm-overlap")
+    return args + split_args(instance, plan) + model_args(instance)
