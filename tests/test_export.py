@@ -94,7 +94,7 @@ def _plan(split: tuple[int, ...], pp: int, vpp: int = 1) -> Plan:
             (3, 2, 1, 2),
             4,
             1,
-            ['--pipeline-model-parallel-layout "Ettt|tt|t|ttL"  # per virtual stage: 3 2 1 2'],
+            ['--pipeline-model-parallel-layout "Ettt|tt|t|ttL"'],
         ),
     ],
 )
@@ -116,3 +116,17 @@ def test_megatron_args_cover_every_knob() -> None:
         "--recompute-granularity full", "--use-distributed-optimizer", "--num-layers 8", "--bf16",
     ):  # fmt: skip
         assert flag in args
+
+
+def test_plots_write_pngs(tmp_path) -> None:
+    from pipette_cp.cost.evaluate import simulate
+    from pipette_cp.report.plots import placement_figure, timeline_figure
+
+    instance = small_instance(nodes=2, gpus_per_node=4)
+    plan = make_plan(num_layers=8, dp=2, pp=2, tp=2, micro_batch_size=1, vpp=2)
+    timeline = simulate(instance, plan)
+    timeline_figure(timeline).savefig(tmp_path / "t.png")
+    placement_figure(instance, plan).savefig(tmp_path / "p.png")
+    assert (tmp_path / "t.png").stat().st_size > 10_000 and (tmp_path / "p.png").stat().st_size > 10_000
+    kinds = {op.kind for op in timeline.ops}
+    assert {"forward", "backward", "send"} <= kinds

@@ -14,7 +14,7 @@ from pipette_cp.errors import SpecError
 from pipette_cp.io.files import read_text
 from pipette_cp.io.instance_file import load_instance
 from pipette_cp.report.launch import write_launch_files
-from pipette_cp.report.megatron import megatron_args
+from pipette_cp.report.megatron import megatron_args, megatron_notes
 from pipette_cp.report.plots import placement_figure, timeline_figure
 from pipette_cp.specs import Instance, Plan
 from pipette_cp.specs._base import spec_error_from
@@ -57,7 +57,9 @@ def export(
     plan, inst = load_plan(plan_file, instance)
     args = megatron_args(inst, plan)
     if megatron or hostfile is None:
-        typer.echo(" \\\n".join(args))
+        typer.echo(
+            "".join(f"# {note}\n" for note in megatron_notes(inst, plan)) + " \\\n".join(args)
+        )
     if hostfile is not None:
         for path in write_launch_files(inst, plan, hostfile, args):
             console.print(f"wrote {path}", highlight=False)

@@ -46,7 +46,9 @@ def split_args(instance: Instance, plan: Plan) -> list[str]:
     layout, which needs Megatron's ``--pipeline-model-parallel-layout`` (newer
     releases) or a patched ``get_num_layers_to_build``."""
     split, layers = plan.layer_split, instance.model.num_layers
-    if plan.pp == 1 or (layers % (plan.pp * plan.vpp) == 0 and split == even_split(layers, plan.pp, plan.vpp)):
+    if plan.pp == 1 or (
+        layers % (plan.pp * plan.vpp) == 0 and split == even_split(layers, plan.pp, plan.vpp)
+    ):
         return []
     stages = [plan.stage_layers(s) for s in range(plan.pp)]
     middle = stages[1:-1]
@@ -58,7 +60,25 @@ def split_args(instance: Instance, plan: Plan) -> list[str]:
             args.append(f"--decoder-last-pipeline-num-layers {stages[-1]}")
         return args
     chunks = "|".join("t" * n for n in split)
-    return [f'--pipeline-model-parallel-layout "E{chunks}L"  # per virtual stage: {" ".join(map(str, split))}']
+    return [f'--pipeline-model-parallel-layout "E{chunks}L"']
+
+
+def megatron_notes(instance: Instance, plan: Plan) -> list[str]:
+    """Comments for the user: version differences and what the flags encode."""
+    notes = [
+        f"pipette-cp plan {plan.layout()}, layers per virtual stage: {' '.join(map(str, plan.layer_split))}"
+    ]
+    layers = instance.model.num_layers
+    if plan.vpp > 1 and layers % (plan.pp * plan.vpp) == 0:
+        per_chunk = layers // (plan.pp * plan.vpp)
+        notes.append(
+            f"older Megatron-LM: use --num-layers-per-virtual-pipeline-stage {per_chunk} for interleaving"
+        )
+    if any(a.startswith("--pipeline-model-parallel-layout") for a in split_args(instance, plan)):
+        notes.append(
+            "the uneven split needs Megatron-Core's --pipeline-model-parallel-layout (experimental)"
+        )
+    return notes
 
 
 def megatron_args(instance: Instance, plan: Plan) -> list[str]:
@@ -72,15 +92,16 @@ def megatron_args(instance: Instance, plan: Plan) -> list[str]:
     ]
     if plan.vpp > 1:
         args.append(f"--num-virtual-stages-per-pipeline-rank {plan.vpp}")
-        if instance.model.num_layers % (plan.pp * plan.vpp) == 0:
-            per_chunk = instance.model.num_layers // (plan.pp * plan.vpp)
-            args.append(f"# older Megatron: --num-layers-per-virtual-pipeline-stage {per_chunk}")
     if plan.sequence_parallel:
         args.append("--sequence-parallel")
     if plan.recompute == "selective":
         args.append("--recompute-granularity selective")
     elif plan.recompute == "full":
-        args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+        args += [
+            "--recompute-granularity full",
+            "--recompute-method uniform",
+            "--recompute-num-layers 1",
+        ]
     if plan.distributed_optimizer:
         args.append("--use-distributed-optimizer")
     if plan.flash_attention:

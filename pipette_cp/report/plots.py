@@ -30,7 +30,8 @@ def timeline_figure(timeline: Timeline, title: str = "") -> Figure:
     """Gantt chart: one row per pipeline stage (GPUs of DP replica 0), compute as full
     bars labelled with the micro-batch, transfers and syncs as thin bars below them."""
     p = timeline.num_stages
-    fig = Figure(figsize=(12, 1.0 + 0.55 * p))
+    height = 1.6 + 0.5 * p
+    fig = Figure(figsize=(12, height))
     ax = fig.subplots()
     for op in timeline.ops:
         row = p - 1 - op.stage
@@ -60,13 +61,12 @@ def timeline_figure(timeline: Timeline, title: str = "") -> Figure:
     ax.set_xlim(0, timeline.iteration_time_s * 1.01)
     ax.set_xlabel("time (s)")
     kinds = sorted({op.kind for op in timeline.ops}, key=list(_COLORS).index)
-    ax.legend(handles=[Patch(color=_COLORS[k], label=k.replace("_", " ")) for k in kinds],
-              loc="upper center", bbox_to_anchor=(0.5, -0.18 if p < 6 else -0.08), ncol=len(kinds),
-              fontsize=7, frameon=False)  # fmt: skip
+    handles = [Patch(color=_COLORS[k], label=k.replace("_", " ")) for k in kinds]
+    fig.legend(handles=handles, loc="lower center", ncol=len(kinds), fontsize=7, frameon=False)
     ax.set_title(
         title or f"{timeline.schedule} schedule, iteration {timeline.iteration_time_s:.3f} s"
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.3 / height, 1, 1))
     return fig
 
 
@@ -141,9 +141,12 @@ def _used_node_pairs(instance: Instance, plan: Plan) -> tuple[set, set]:
     """Inter-node pairs carrying pipeline hops and DP ring traffic (tp rank 0)."""
     node = instance.cluster.node_of
     hops, rings = set(), set()
+    boundaries = [(s, s + 1) for s in range(plan.pp - 1)]
+    if plan.vpp > 1 and plan.pp > 1:  # interleaving: the last stage feeds stage 0
+        boundaries.append((plan.pp - 1, 0))
     for d in range(plan.dp):
-        for s in range(plan.pp - 1):
-            a, b = node(plan.unit_gpus(s, d)[0]), node(plan.unit_gpus(s + 1, d)[0])
+        for s, nxt in boundaries:
+            a, b = node(plan.unit_gpus(s, d)[0]), node(plan.unit_gpus(nxt, d)[0])
             if a != b:
                 hops.add((a, b))
     for s in range(plan.pp):
