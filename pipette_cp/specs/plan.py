@@ -75,7 +75,9 @@ class Plan(FrozenSpec):
     placement: tuple[tuple[int, ...], ...] = Field(
         description="GPUs of each unit (stage * dp + replica), tp of them each."
     )
-    instance: str = Field(default="", description="Name or path of the instance the plan was made for.")
+    instance: str = Field(
+        default="", description="Name or path of the instance the plan was made for."
+    )
     evaluation: Evaluation | None = Field(default=None, description="Predicted performance.")
     solve_info: SolveInfo | None = Field(default=None, description="How the plan was found.")
 
