@@ -1,0 +1,341 @@
+"""The exact layer split: Kelley's cutting planes over a CP-SAT or MILP master.
+
+Problem (DESIGN.md section 4, "Layer split"): choose ``n_v >= 1`` layers for
+every virtual stage ``v = chunk * pp + stage`` (contiguous blocks in that
+order, :class:`~pipette_cp.specs.Plan`), ``sum n = L``, every stage within its
+usable memory given its in-flight micro-batches, minimising the analytic
+iteration time ``T(n)`` of :mod:`pipette_cp.cost.pipeline` with the plan's
+placement-dependent hop, DP, embedding and optimizer times
+(:mod:`pipette_cp.solvers.split_cost`).
+
+Method.  ``T`` is a convex piecewise-linear function of the per-stage times
+(maxima and non-negative sums of affine terms; :mod:`pipette_cp.solvers.cuts`),
+and those are affine in ``n``, so Kelley's cutting-plane method (Kelley 1960)
+minimises it exactly over the integer splits: the master ``min t`` s.t. the
+cuts so far, ``split_covers_layers``, ``memory_limit`` and (vpp > 1)
+``chunk_balance`` (:data:`CHUNK_SPREAD`) is solved, ``T`` is
+evaluated at its split, and the supporting cut there is added, until
+``T(best) - t <= tolerance x T(best)``.  The master's optimum is a proven lower
+bound (reported as ``bound``).  A greedy local search from the even split
+supplies the hint and the first cuts, so the result is never worse than the
+even split.  When the DP sync table is not convex (the faster of ring and
+two-level all-reduce changes with the stage's size), the cuts use its convex
+envelope: the bound stays valid, optimality may then go unproven (status
+``feasible`` with the gap).
+
+Two devices make it fast.  At a balanced split many pieces of ``T`` tie (every
+stage one layer short of being the bottleneck), and plain Kelley would find
+them one master solve at a time: the cuts at every one-layer neighbour of each
+new incumbent are added at once (:meth:`SplitCost.cuts_around`), after which
+128 layers x 32 stages close in one master solve.  The memory rows are given to
+the solvers as small-integer facets of the same integer set (1e10-byte
+coefficients next to 1e-3 s cut coefficients made CBC's cut generators cut off
+the optimum).  Cuts come from finite differences and are valid up to rounding,
+about 1e-9 relative per layer of distance, far below :data:`TOLERANCE`.
+
+Ties between optimal splits are broken towards what Megatron's plain flags
+express (:func:`~pipette_cp.solvers.split_heuristics.prefer_simple`);
+:func:`megatron_split_args` gives the flags.  The oracle
+:func:`brute_force_split` enumerates every split of tiny instances through
+:class:`~pipette_cp.cost.evaluate.Evaluator` and the checker.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from pipette_cp.checker.checks import check_memory_limit
+from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.errors import InfeasibleError, SolverError, SpecError
+from pipette_cp.solvers.base import SolveOptions, register
+from pipette_cp.solvers.split_cost import SplitCost, split_cost
+from pipette_cp.solvers.split_cpsat import CpSatSplitMaster
+from pipette_cp.solvers.split_heuristics import feasible_start, local_search, prefer_simple
+from pipette_cp.solvers.split_milp import MilpSplitMaster
+from pipette_cp.specs import Instance, Plan, SolveInfo
+
+Backend = Literal["cpsat", "milp"]
+
+#: The master problem of each backend.
+MASTERS: dict[str, type[CpSatSplitMaster] | type[MilpSplitMaster]] = {
+    "cpsat": CpSatSplitMaster,
+    "milp": MilpSplitMaster,
+}
+#: Kelley stops when the best time is within this fraction of the proven bound.
+TOLERANCE = 1e-6
+#: Share of the time limit the greedy warm start may use.
+HEURISTIC_SHARE = 0.25
+#: With vpp > 1, the largest difference between two chunks of one stage (``chunk_balance``).
+#: The analytic interleaved model is a lower bound that grows loose as the chunks of a
+#: stage diverge (:mod:`pipette_cp.cost.pipeline`: up to 15 % low); an unconstrained
+#: optimum exploits that: 128 layers, pp=16 x vpp=2 gave 30.36 s analytic but 39.6 s in
+#: the simulator, against 30.47 / 30.48 s for the even split.  Spread 1 keeps Megatron's
+#: near-even chunks; ``None`` lifts the constraint.
+CHUNK_SPREAD = 1
+#: Largest instance :func:`brute_force_split` accepts: layers, model chunks.
+BRUTE_FORCE_LIMITS = (12, 4)
+
+
+@dataclass(frozen=True)
+class SplitResult:
+    """A solved layer split and the solver's report (times in seconds).
+
+    ``status``: ``optimal`` (gap within :data:`TOLERANCE`) or ``feasible`` (time
+    ran out, or the bound could not be closed: see ``gap``).  ``bound_s`` is a
+    proven lower bound of the best split's time, ``None`` when no master solve
+    finished; ``start_s`` the time of the even (or first memory-feasible) split.
+    """
+
+    split: tuple[int, ...]
+    status: str
+    objective_s: float
+    bound_s: float | None
+    gap: float | None
+    wall_time_s: float
+    iterations: int
+    backend: str
+    start_s: float
+    convex: bool
+
+    def solve_info(self) -> SolveInfo:
+        """The report as a :class:`~pipette_cp.specs.SolveInfo`."""
+        return SolveInfo(
+            method=f"split-{self.backend}",
+            status=self.status,
+            objective=self.objective_s,
+            bound=self.bound_s,
+            gap=self.gap,
+            wall_time_s=self.wall_time_s,
+        )
+
+
+def solve_split(
+    instance: Instance,
+    plan: Plan,
+    options: SolveOptions | None = None,
+    backend: Backend = "cpsat",
+    *,
+    tolerance: float = TOLERANCE,
+    chunk_spread: int | None = CHUNK_SPREAD,
+    cost: SplitCost | None = None,
+    export_path: str | Path | None = None,
+) -> SplitResult:
+    """The fastest memory-feasible layer split of ``plan`` (its other fields fixed).
+
+    Parameters
+    ----------
+    instance, plan
+        The job and the layout whose ``layer_split`` is chosen (its value is ignored).
+    options
+        Time limit (the whole call, set-up included), seed, master workers.
+    backend
+        ``"cpsat"`` (OR-Tools CP-SAT) or ``"milp"`` (PuLP: HiGHS if available, else CBC).
+    tolerance
+        Relative optimality tolerance of the cutting-plane loop.
+    chunk_spread
+        With ``vpp > 1``, the largest difference between two chunks of one stage
+        (:data:`CHUNK_SPREAD`; ``None``: unconstrained).
+    cost
+        Pre-built :func:`~pipette_cp.solvers.split_cost.split_cost` of ``plan``.
+    export_path
+        Write the final master model there (CP-SAT proto or LP file).
+
+    Raises
+    ------
+    InfeasibleError
+        No split fits in memory; the message names the stage and the numbers.
+    LayoutError
+        Fewer layers than model chunks.
+    """
+    started = time.perf_counter()
+    options = options or SolveOptions()
+    if backend not in MASTERS:
+        raise SpecError("backend", backend, f"unknown split backend; known: {', '.join(MASTERS)}")
+    deadline = started + options.time_limit_s
+    cost = replace(cost or split_cost(instance, plan), chunk_spread=chunk_spread)
+    cost.require_feasible()
+    rng = np.random.default_rng(options.seed)
+    start = feasible_start(cost)
+    greedy_until = started + HEURISTIC_SHARE * options.time_limit_s
+    trail = local_search(cost, start, rng, deadline_s=greedy_until)
+    best, best_s = trail.split, trail.time_s
+    bound, iterations, status = -math.inf, 0, "feasible"
+    if cost.num_chunks == 1:
+        bound, status = best_s, "optimal"
+    master = MASTERS[backend](cost, best_s, workers=options.workers, seed=options.seed)
+    for cut in trail.cuts:
+        master.add_iteration_time(cut)
+    surrounded = False
+    while status != "optimal" and deadline > time.perf_counter():
+        if not surrounded:  # every piece active at the incumbent, once per incumbent
+            for cut in cost.cuts_around(best, rng, deadline):
+                master.add_iteration_time(cut)
+            master.add_objective_cutoff(best_s)
+            surrounded = True
+        master.add_hint(best)
+        sol = master.solve(max(deadline - time.perf_counter(), 0.0))
+        iterations += 1
+        bound = max(bound, sol.bound_s)
+        if sol.status == "infeasible":
+            raise SolverError(f"split master infeasible although {best.tolist()} fits")
+        if sol.split is None:
+            break
+        value = cost.iteration_time_s(sol.split)
+        if value < best_s:
+            best, best_s, surrounded = sol.split, value, False
+        if best_s - bound <= tolerance * best_s:
+            status = "optimal"
+        elif sol.status != "optimal":
+            break  # the master ran out of time
+        else:
+            cut = cost.cut(sol.split, rng)
+            if cut(sol.split) <= sol.objective_s + 0.5 * tolerance * value:
+                break  # cannot separate (non-convex DP table): report the gap
+            master.add_iteration_time(cut)
+    if export_path is not None:
+        master.export(export_path)
+    best, best_s = prefer_simple(cost, best, best_s)
+    proven = bound if math.isfinite(bound) else None
+    return SplitResult(
+        split=tuple(int(n) for n in best),
+        status=status,
+        objective_s=best_s,
+        bound_s=proven,
+        gap=None if proven is None else max(0.0, (best_s - proven) / best_s),
+        wall_time_s=time.perf_counter() - started,
+        iterations=iterations,
+        backend=backend,
+        start_s=cost.iteration_time_s(start),
+        convex=cost.convex,
+    )
+
+
+def with_optimal_split(
+    instance: Instance,
+    plan: Plan,
+    options: SolveOptions | None = None,
+    backend: Backend = "cpsat",
+    *,
+    chunk_spread: int | None = CHUNK_SPREAD,
+) -> Plan:
+    """``plan`` with the split of :func:`solve_split` and its :class:`SolveInfo`
+    (placement and knobs unchanged, any previous evaluation dropped)."""
+    result = solve_split(instance, plan, options, backend, chunk_spread=chunk_spread)
+    data = plan.model_dump()
+    data.update(
+        layer_split=result.split, evaluation=None, solve_info=result.solve_info().model_dump()
+    )
+    return Plan.model_validate(data)
+
+
+@register("split-cpsat")
+def split_cpsat(instance: Instance, skeleton: Plan, options: SolveOptions) -> Plan:
+    """The skeleton's placement with the CP-SAT-optimal layer split."""
+    return with_optimal_split(instance, skeleton, options, "cpsat")
+
+
+@register("split-milp")
+def split_milp(instance: Instance, skeleton: Plan, options: SolveOptions) -> Plan:
+    """The skeleton's placement with the MILP-optimal layer split."""
+    return with_optimal_split(instance, skeleton, options, "milp")
+
+
+# ----------------------------------------------------------------- the oracle
+def brute_force_split(
+    instance: Instance, plan: Plan, chunk_spread: int | None = CHUNK_SPREAD
+) -> tuple[tuple[int, ...], float]:
+    """Best split of a tiny instance by enumerating every composition of the layers.
+
+    Each split is checked with :func:`pipette_cp.checker.check_memory_limit` (and
+    the chunk spread) and timed with :meth:`Evaluator.evaluate` (analytic):
+    independent of the split models.  Ties keep the first split in lexicographic
+    order.
+
+    Raises
+    ------
+    SpecError
+        More than :data:`BRUTE_FORCE_LIMITS` layers or chunks.
+    InfeasibleError
+        No split fits in memory.
+    """
+    layers, chunks = instance.model.num_layers, plan.pp * plan.vpp
+    if layers > BRUTE_FORCE_LIMITS[0] or chunks > BRUTE_FORCE_LIMITS[1]:
+        raise SpecError(
+            "brute_force_split", (layers, chunks), f"at most {BRUTE_FORCE_LIMITS} layers, chunks"
+        )
+    evaluator = Evaluator(instance, validate=False)
+    best: tuple[tuple[int, ...], float] | None = None
+    for cuts in itertools.combinations(range(1, layers), chunks - 1):
+        bounds = (0, *cuts, layers)
+        split = tuple(b - a for a, b in itertools.pairwise(bounds))
+        candidate = plan.model_copy(update={"layer_split": split})
+        grid = np.reshape(split, (plan.vpp, plan.pp))
+        spread = int((grid.max(axis=0) - grid.min(axis=0)).max())
+        if chunk_spread is not None and spread > chunk_spread:
+            continue
+        if check_memory_limit(instance, candidate):
+            continue
+        value = evaluator.evaluate(candidate).iteration_time_s
+        if best is None or value < best[1]:
+            best = (split, value)
+    if best is None:
+        raise InfeasibleError(f"no split of {layers} layers into {chunks} chunks fits in memory")
+    return best
+
+
+# ------------------------------------------------------------ Megatron flags
+def megatron_split_args(plan: Plan, num_layers: int) -> list[str]:
+    """Megatron-LM arguments that realise ``plan.layer_split``.
+
+    - every chunk equal: nothing (Megatron's default split, ``--num-layers`` / pp);
+    - each stage's chunks equal and every stage but the first and/or last equal:
+      ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``
+      (Megatron-Core >= 0.9, ``get_num_layers_to_build`` in
+      ``megatron/core/transformer/transformer_block.py``: the given stages keep
+      their totals, the others share the rest evenly, every stage's total is cut
+      evenly into its vpp chunks);
+    - otherwise ``--pipeline-model-parallel-layout`` (Megatron-Core's
+      ``PipelineParallelLayerLayout``, ``megatron/core/transformer/
+      pipeline_parallel_layer_layout.py``; experimental there): one ``|``-separated
+      group per virtual stage in ``chunk * pp + stage`` order, ``E`` the
+      embedding, ``t*k`` k transformer layers, ``L`` the loss.  It replaces
+      ``--num-layers-per-virtual-pipeline-stage``.
+
+    Examples
+    --------
+    >>> from pipette_cp.specs.layouts import make_plan
+    >>> p = make_plan(num_layers=8, dp=1, pp=4, tp=1, micro_batch_size=1)
+    >>> megatron_split_args(p, 8)
+    []
+    >>> megatron_split_args(p.model_copy(update={"layer_split": (1, 2, 2, 3)}), 8)
+    ['--decoder-first-pipeline-num-layers', '1', '--decoder-last-pipeline-num-layers', '3']
+    >>> megatron_split_args(p.model_copy(update={"layer_split": (2, 1, 3, 2)}), 8)
+    ['--pipeline-model-parallel-layout', 'Et*2|t|t*3|t*2L']
+    """
+    split, pp, vpp = plan.layer_split, plan.pp, plan.vpp
+    if sum(split) != num_layers:
+        raise SpecError("plan.layer_split", split, f"sums to {sum(split)}, not {num_layers}")
+    if len(set(split)) == 1:
+        return []
+    chunks = [[split[c * pp + s] for c in range(vpp)] for s in range(pp)]
+    totals = [sum(c) for c in chunks]
+    if pp > 1 and all(len(set(c)) == 1 for c in chunks):
+        middle = set(totals[1:-1])
+        if len(middle) <= 1:
+            rest = middle.pop() if middle else None
+            args: list[str] = []
+            if totals[0] != rest:
+                args += ["--decoder-first-pipeline-num-layers", str(totals[0])]
+            # with pp = 2 the last stage takes what the first leaves
+            if totals[-1] != rest and rest is not None:
+                args += ["--decoder-last-pipeline-num-layers", str(totals[-1])]
+            return args
+    groups = [f"t*{n}" if n > 1 else "t" for n in split]
+    return ["--pipeline-model-parallel-layout", "E" + "|".join(groups) + "L"]
