@@ -94,7 +94,7 @@ def _plan(split: tuple[int, ...], pp: int, vpp: int = 1) -> Plan:
             (3, 2, 1, 2),
             4,
             1,
-            ['--pipeline-model-parallel-layout "Ettt|tt|t|ttL"'],
+            ["--pipeline-model-parallel-layout 'Et*3|t*2|t|t*2L'"],
         ),
     ],
 )
@@ -127,6 +127,8 @@ def test_plots_write_pngs(tmp_path) -> None:
     timeline = simulate(instance, plan)
     timeline_figure(timeline).savefig(tmp_path / "t.png")
     placement_figure(instance, plan).savefig(tmp_path / "p.png")
-    assert (tmp_path / "t.png").stat().st_size > 10_000 and (tmp_path / "p.png").stat().st_size > 10_000
+    assert (tmp_path / "t.png").stat().st_size > 10_000 and (
+        tmp_path / "p.png"
+    ).stat().st_size > 10_000
     kinds = {op.kind for op in timeline.ops}
     assert {"forward", "backward", "send"} <= kinds

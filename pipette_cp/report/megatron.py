@@ -6,8 +6,10 @@ Flag names from Megatron-LM ``megatron/training/arguments.py`` (Megatron-Core
 
 from __future__ import annotations
 
+import shlex
+
+from pipette_cp.solvers.split import megatron_split_args
 from pipette_cp.specs import Instance, Plan
-from pipette_cp.specs.layouts import even_split
 
 
 def model_args(instance: Instance) -> list[str]:
@@ -40,27 +42,13 @@ def model_args(instance: Instance) -> list[str]:
 
 
 def split_args(instance: Instance, plan: Plan) -> list[str]:
-    """Flags for the layer split: none when even; first/last stage counts when only
-    they differ (``--decoder-first-pipeline-num-layers`` /
-    ``--decoder-last-pipeline-num-layers``); otherwise a comment with the per-chunk
-    layout, which needs Megatron's ``--pipeline-model-parallel-layout`` (newer
-    releases) or a patched ``get_num_layers_to_build``."""
-    split, layers = plan.layer_split, instance.model.num_layers
-    if plan.pp == 1 or (
-        layers % (plan.pp * plan.vpp) == 0 and split == even_split(layers, plan.pp, plan.vpp)
-    ):
-        return []
-    stages = [plan.stage_layers(s) for s in range(plan.pp)]
-    middle = stages[1:-1]
-    if plan.vpp == 1 and len(set(middle)) <= 1:
-        args = []
-        if not middle or stages[0] != middle[0]:
-            args.append(f"--decoder-first-pipeline-num-layers {stages[0]}")
-        if not middle or stages[-1] != middle[0]:
-            args.append(f"--decoder-last-pipeline-num-layers {stages[-1]}")
-        return args
-    chunks = "|".join("t" * n for n in split)
-    return [f'--pipeline-model-parallel-layout "E{chunks}L"']
+    """The split flags of :func:`pipette_cp.solvers.split.megatron_split_args`, one
+    ``"--flag value"`` string each (the layout string quoted for the shell)."""
+    tokens = megatron_split_args(plan, instance.model.num_layers)
+    return [
+        f"{flag} {shlex.quote(value)}"
+        for flag, value in zip(tokens[::2], tokens[1::2], strict=True)
+    ]
 
 
 def megatron_notes(instance: Instance, plan: Plan) -> list[str]:
