@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipette_cp.benchmarks.speed import make_instance, make_plans
 from pipette_cp.clusters.expand import cluster_from_node_matrix
 from pipette_cp.cost.evaluate import (
     BREAKDOWN_KEYS,
@@ -90,6 +91,88 @@ def test_interleaved_default_layout_matches_simulator() -> None:
         )
 
 
+# ------------------------------------------------------------------ pinned numbers
+def hetero() -> Instance:
+    """Nodes 1 and 3 of :func:`instance` carry V100s: stages take their slowest GPU type."""
+    inst = instance()
+    a100, v100 = resolve_gpu("a100"), resolve_gpu("v100")
+    types = {a100.name: a100, v100.name: v100}
+    nodes = (a100.name, v100.name, a100.name, v100.name)
+    cluster = inst.cluster.model_copy(update={"gpu_types": types, "node_gpu_types": nodes})
+    return inst.model_copy(update={"cluster": cluster})
+
+
+KNOBS = {"distributed_optimizer": True, "recompute": "selective", "sequence_parallel": True}
+PINNED_CASES = {
+    "1f1b": (instance, lambda: plan(dp=4, pp=4, tp=2), "best"),
+    "interleaved": (instance, lambda: plan(dp=4, pp=4, tp=2, vpp=2), "best"),
+    "knobs-ring": (lambda: instance(overlap_grad_reduce=True), lambda: plan(dp=8, pp=2, tp=2, **KNOBS), "ring"),
+    "knobs-hier": (lambda: instance(overlap_grad_reduce=True), lambda: plan(dp=8, pp=2, tp=2, **KNOBS), "hierarchical"),
+    "llama-unbalanced": (lambda: instance(LLAMA, 8, 4), lambda: plan(LLAMA, dp=2, pp=8, tp=2, layer_split=unbalanced(even_split(16, 8))), "best"),
+    "hetero": (hetero, lambda: plan(dp=4, pp=4, tp=2, recompute="full"), "best"),
+}  # fmt: skip
+#: (iteration_time_s, pp_comm, dp_comm, memory_bytes_max, mfu) as computed before the
+#: evaluator was optimised for speed: caching and fast paths must not change a digit.
+PINNED = {
+    ("1f1b", "analytic"): (0.6151958806347803, 0.014302861440000147, 0.02278400832000005, 12301662453.759998, 0.19362258031754534),
+    ("1f1b", "simulator"): (0.6151958806347804, 0.014302861440000036, 0.02278400832000005, 12301662453.759998, 0.1936225803175453),
+    ("interleaved", "analytic"): (0.5810050777351584, 0.01770830464000006, 0.02278400832000005, 13229291601.919998, 0.20501682063358445),
+    ("interleaved", "simulator"): (0.5812603319458892, 0.017708304640000172, 0.02278400832000005, 13229291601.919998, 0.20492678970619918),
+    ("knobs-ring", "analytic"): (0.5864559774390409, 0.003109898880000017, 0.08475110919999326, 10650224967.68, 0.20311126221168452),
+    ("knobs-ring", "simulator"): (0.5864559774390408, 0.003109898880000017, 0.08475110919999326, 10650224967.68, 0.20311126221168455),
+    ("knobs-hier", "analytic"): (0.5281220768790476, 0.003109898880000017, 0.026417208639999995, 10650224967.68, 0.22554598458210467),
+    ("knobs-hier", "simulator"): (0.5281220768790474, 0.003109898880000017, 0.026417208639999995, 10650224967.68, 0.22554598458210473),
+    ("llama-unbalanced", "analytic"): (0.587683614030404, 0.01872085314497629, 0.0011163295999999656, 8475853455.36, 0.12346808199618979),
+    ("llama-unbalanced", "simulator"): (0.587683614030404, 0.018720853144975846, 0.0011163295999999656, 8475853455.36, 0.12346808199618979),
+    ("hetero", "analytic"): (1.7117557303908892, 0.014302861440000036, 0.022784008319999938, 10277344870.4, 0.09936439315226013),
+    ("hetero", "simulator"): (1.7117557303908892, 0.01430286144000048, 0.022784008319999938, 10277344870.4, 0.09936439315226013),
+    ("speed-vpp1-0", "analytic"): (24.880999975883217, 0.6179389903567127, 0.5720971202311702, 68053280768.0, 0.42595307265154453),
+    ("speed-vpp1-1", "analytic"): (24.50111563587187, 0.309718094597617, 1.1806726186145582, 92300974817.28, 0.4325573801567558),
+    ("speed-vpp1-2", "analytic"): (23.01014184960694, 0.17528552438023937, 1.3246601903551536, 150715658403.84, 0.46058553048648415),
+    ("speed-vpp2-0", "analytic"): (24.11274334782045, 0.6588920460699939, 0.5720971202311702, 84548597432.32, 0.43952437254836146),
+    ("speed-vpp2-1", "analytic"): (23.77716633320034, 0.34297506599081373, 1.1806726186145582, 107600139059.2, 0.4457275623955305),
+    ("speed-vpp2-2", "analytic"): (21.70747007833, 0.19694185139077192, 1.3246601903551536, 169523222609.91998, 0.48822540591454305),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "predictor"), [k for k in PINNED if not k[0].startswith("speed")])
+def test_pinned_evaluations(case: str, predictor: str) -> None:
+    make_instance_, make_plan_, algorithm = PINNED_CASES[case]
+    evaluator = Evaluator(make_instance_(), dp_algorithm=algorithm)
+    e = evaluator.evaluate(make_plan_(), predictor)  # type: ignore[arg-type]
+    if predictor == "analytic":
+        assert evaluator.iteration_time(make_plan_()) == e.iteration_time_s
+    got = (
+        e.iteration_time_s,
+        e.breakdown_s["pp_comm"],
+        e.breakdown_s["dp_comm"],
+        e.memory_bytes_max,
+        e.mfu,
+    )
+    assert got == pytest.approx(PINNED[case, predictor], rel=1e-12, abs=1e-15)
+
+
+def test_pinned_speed_benchmark_plans() -> None:
+    """The benchmark's 1024-GPU instance, random node placements (a warm evaluator);
+    the search's fast path gives the same iteration time."""
+    inst = make_instance()
+    evaluator = Evaluator(inst)
+    for vpp in (1, 2):
+        for i, p in enumerate(make_plans(inst, 3, vpp)):
+            e = evaluator.evaluate(p)
+            assert evaluator.iteration_time(p) == e.iteration_time_s
+            got = (
+                e.iteration_time_s,
+                e.breakdown_s["pp_comm"],
+                e.breakdown_s["dp_comm"],
+                e.memory_bytes_max,
+                e.mfu,
+            )
+            assert got == pytest.approx(
+                PINNED[f"speed-vpp{vpp}-{i}", "analytic"], rel=1e-12, abs=1e-15
+            )
+
+
 # ------------------------------------------------------------------ reported numbers
 def test_evaluation_is_consistent() -> None:
     inst = instance()
@@ -156,6 +239,22 @@ def test_a_failed_link_in_a_dp_ring_is_avoided_or_named() -> None:
     p = plan(dp=4, pp=2, tp=4)  # DP ring of stage 0, tp rank 0: GPUs 0 4 8 12
     with pytest.raises(InfeasibleError, match=r"data-parallel.*4->8"):
         Evaluator(instance(failed=((4, 8),)), dp_algorithm="ring").evaluate(p)
+
+
+def test_two_level_sync_with_one_gpu_per_node_is_the_ring_in_node_order() -> None:
+    """DP rings over nodes 0, 2, 1, 3 (a tp=8 unit per node) and nodes 0 and 2 cut off:
+    the flat ring fails, the two-level algorithm (local groups of one GPU: a ring in
+    node order) does not.  Its intra-node phase is empty, not 0 / 0 (it was NaN)."""
+    units = tuple(tuple(range(8 * n, 8 * n + 8)) for n in (0, 2, 1, 3))
+    cut = [(i, j) for a, b in ((0, 2), (2, 0)) for i in range(8 * a, 8 * a + 8) for j in range(8 * b, 8 * b + 8)]  # fmt: skip
+    inst = instance(failed=tuple(cut))
+    ordered = Evaluator(inst).evaluate(plan(dp=4, pp=1, tp=8)).iteration_time_s
+    for algorithm in ("best", "hierarchical"):
+        e = Evaluator(inst, dp_algorithm=algorithm).evaluate(
+            plan(dp=4, pp=1, tp=8, placement=units)
+        )
+        assert np.isfinite(e.iteration_time_s)
+        assert e.iteration_time_s == pytest.approx(ordered, rel=1e-12)
 
 
 # ------------------------------------------------------------------ bad-input catalogue

@@ -139,3 +139,43 @@ def test_no_embedding_sync_with_one_stage() -> None:
 def test_schedule_must_match_vpp() -> None:
     with pytest.raises(ValueError, match="vpp"):
         uniform(4, 8, v=2, schedule="1f1b")
+
+
+# ------------------------------------------------------------------ pinned numbers
+def pinned_inputs() -> dict[str, PipelineInputs]:
+    """Uneven stages (backward 1.8-2.4 x forward) and uneven hops, seeded."""
+    rng = np.random.default_rng(3)
+    out = {}
+    for name, p, v, m, schedule in [
+        ("1f1b-p5-m12", 5, 1, 12, "1f1b"), ("1f1b-p6-m4", 6, 1, 4, "1f1b"),
+        ("interleaved-p4-v2-m8", 4, 2, 8, "interleaved"),
+        ("interleaved-p3-v3-m6", 3, 3, 6, "interleaved"), ("gpipe-p4-m6", 4, 1, 6, "gpipe"),
+    ]:  # fmt: skip
+        f = rng.uniform(0.5, 1.5, p * v)
+        out[name] = PipelineInputs(
+            pp=p, vpp=v, num_micro_batches=m, schedule=schedule, forward_s=f,  # type: ignore[arg-type]
+            backward_s=f * rng.uniform(1.8, 2.4, p * v), fwd_hop_s=rng.uniform(0, 0.2, p),
+            bwd_hop_s=rng.uniform(0, 0.2, p),
+        )  # fmt: skip
+    return out
+
+
+#: (pipeline_s, free_hops_s, stage_end_s) before the speed work: caches must not change them.
+PINNED = {
+    "1f1b-p5-m12": (55.514295118984364, 52.17192398235687, (55.514295118984364, 54.307930359035666, 52.57863597839427, 50.05478320584278, 47.50022319602174)),
+    "1f1b-p6-m4": (31.816450623474, 30.052912236566712, (31.816450623474, 30.771954199147764, 27.291656969875177, 25.7962547097522, 23.81982671616121, 20.870712775526584)),
+    "interleaved-p4-v2-m8": (72.04215221293079, 68.20315539423817, (72.04215221293079, 69.98159711745392, 67.31120230482784, 64.0682741291363)),
+    "interleaved-p3-v3-m6": (70.06746655541163, 67.29160694552655, (70.06746655541163, 67.26158649292691, 65.08437060745689)),
+    "gpipe-p4-m6": (32.00539825624682, 31.496662338642547, (32.00539825624682, 29.68123921649763, 27.433113615900478, 22.209161146450246)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(PINNED))
+def test_pinned_pipeline_times(name: str) -> None:
+    x = pinned_inputs()[name]
+    for _ in range(2):  # a second call may come from a cache: the same numbers
+        times = pipeline_times(x)
+        pipeline_s, free_s, ends = PINNED[name]
+        assert times.pipeline_s == pytest.approx(pipeline_s, rel=1e-12)
+        assert times.free_hops_s == pytest.approx(free_s, rel=1e-12)
+        assert tuple(times.stage_end_s) == pytest.approx(ends, rel=1e-12)

@@ -25,7 +25,7 @@ Model (DESIGN.md section 3, "Communication over a measured matrix"):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -67,6 +67,8 @@ class Fabric:
     num_nodes: int
     intra_node_latency_s: float = 0.0
     inter_node_latency_s: float = 0.0
+    #: ``bandwidth`` flattened: ``B[i, j]`` is ``flat_bandwidth[i * num_gpus + j]``.
+    flat_bandwidth: np.ndarray = field(init=False, repr=False)
 
     @classmethod
     def from_cluster(cls, cluster: ClusterSpec) -> Fabric:
@@ -99,8 +101,7 @@ class Fabric:
         )
 
     def __post_init__(self) -> None:
-        flat = self.bandwidth.reshape(-1)
-        object.__setattr__(self, "_flat_bandwidth", flat)
+        object.__setattr__(self, "flat_bandwidth", self.bandwidth.reshape(-1))
 
     @property
     def num_gpus(self) -> int:
@@ -137,22 +138,39 @@ def concurrent_flows(
     for callers that check several operations at once and name them.
     """
     src, dst = np.asarray(src).ravel(), np.asarray(dst).ravel()
-    bw = fabric._flat_bandwidth[src * fabric.num_gpus + dst]  # type: ignore[attr-defined]
+    bw = fabric.flat_bandwidth[src * fabric.num_gpus + dst]
     if what is not None and not bw.all():
         check_links(fabric, src, dst, what)
+    offset = 0 if group is None else np.asarray(group).ravel() * fabric.num_nodes
+    return shared_nic_flows(fabric, src, dst, offset, bw=bw)
+
+
+def shared_nic_flows(
+    fabric: Fabric, src: np.ndarray, dst: np.ndarray, offset: np.ndarray | int = 0,
+    size: int = 0, bw: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(bandwidth, latency) of concurrent flows ``src[i] -> dst[i]`` (1-D), unchecked.
+
+    ``offset`` (per flow): concurrency group x ``num_nodes``, the NIC-sharing key
+    of :func:`concurrent_flows`; ``size``: more than the largest key (0: find it);
+    ``bw``: the flows' point-to-point bandwidths, if gathered already.
+    """
+    if bw is None:
+        bw = fabric.flat_bandwidth[src * fabric.num_gpus + dst]
     src_node, dst_node = fabric.node_of[src], fabric.node_of[dst]
     cross = src_node != dst_node
     if not cross.any():
         return bw, np.full(bw.shape, fabric.intra_node_latency_s)
     latency = np.where(cross, fabric.inter_node_latency_s, fabric.intra_node_latency_s)
-    offset = 0 if group is None else np.asarray(group).ravel() * fabric.num_nodes
-    out_key, in_key = src_node + offset, dst_node + offset
-    size = int(max(out_key.max(), in_key.max())) + 1
+    out_key, in_key = src_node, dst_node
+    if not isinstance(offset, int) or offset:
+        out_key, in_key = src_node + offset, dst_node + offset
+    size = size or int(max(out_key.max(), in_key.max())) + 1
     k_out = np.bincount(out_key[cross], minlength=size)
     k_in = np.bincount(in_key[cross], minlength=size)
     # NIC share per flow: cap / k, k = concurrent inter-node flows at that end
     # (DESIGN.md section 3); flows inside a node keep B[i, j]
-    k = np.maximum(k_out[out_key], k_in[in_key]) * cross
+    k = np.maximum(k_out[out_key], k_in[in_key])
     share = fabric.nic_capacity_bytes_per_s / np.maximum(k, 1)
     return np.where(cross, np.minimum(bw, share), bw), latency
 
@@ -229,9 +247,10 @@ def ring_times_s(
     if n <= 1:
         return np.zeros(k)
     succ = np.concatenate((rings[:, 1:], rings[:, :1]), axis=1)
-    flows_group = None if group is None else np.repeat(np.asarray(group), n)
-    bw, latency = concurrent_flows(fabric, rings, succ, flows_group, what)
-    return ring_time_from_links(bw.reshape(k, n), latency.reshape(k, n), nbytes, collective)
+    # flows in (link, ring) order: the per-ring reductions then run over long columns
+    flows_group = None if group is None else np.tile(np.asarray(group), n)
+    bw, latency = concurrent_flows(fabric, rings.T, succ.T, flows_group, what)
+    return ring_time_from_links(bw.reshape(n, k).T, latency.reshape(n, k).T, nbytes, collective)
 
 
 def ring_time_from_links(
@@ -273,8 +292,8 @@ def _node_blocks(fabric: Fabric, groups: np.ndarray) -> np.ndarray | None:
     k, n = groups.shape
     nodes = fabric.node_of[groups]
     order = np.argsort(nodes, axis=1, kind="stable")
-    ordered = np.take_along_axis(groups, order, axis=1)
-    nodes = np.take_along_axis(nodes, order, axis=1)
+    rows = np.arange(k)[:, None]
+    ordered, nodes = groups[rows, order], nodes[rows, order]
     d = 1 + int(np.count_nonzero(nodes[0, 1:] != nodes[0, :-1]))
     if n % d:
         return None
@@ -287,8 +306,8 @@ def _node_blocks(fabric: Fabric, groups: np.ndarray) -> np.ndarray | None:
 
 def local_group_size(fabric: Fabric, groups: np.ndarray) -> int:
     """GPUs per node of the first group (1 when every member is on its own node)."""
-    nodes = np.sort(fabric.node_of[np.atleast_2d(groups)[0]])
-    return int(nodes.size // (1 + np.count_nonzero(np.diff(nodes))))
+    nodes = fabric.node_of[np.atleast_2d(groups)[0]].tolist()
+    return len(nodes) // len(set(nodes))
 
 
 def hierarchical_times_s(
@@ -315,16 +334,20 @@ def hierarchical_times_s(
     if blocks is None:
         return np.full(k, np.inf)
     _, d, local = blocks.shape
-    size = np.broadcast_to(np.asarray(nbytes, dtype=float), (k,))
+    size = np.asarray(nbytes, dtype=float)
+    if size.shape != (k,):
+        size = np.broadcast_to(size, (k,))
     # intra-node phase: no NIC on the path; reduce-scatter + all-gather take
     # exactly a ring all-reduce's time (DESIGN.md section 3)
     nxt = np.concatenate((blocks[:, :, 1:], blocks[:, :, :1]), axis=2)
     intra_bw = fabric.bandwidth[blocks, nxt]
     if local > 1 and not intra_bw.all():
         check_links(fabric, blocks, nxt, what)
-    factor = _RING_FACTOR[collective] * (local - 1)
-    # ring over the local GPUs (Patarasuk & Yuan 2009), intra-node latency per step
-    intra = factor / local * size / intra_bw.min(axis=(1, 2)) + factor * fabric.intra_node_latency_s
+    factor, intra = _RING_FACTOR[collective] * (local - 1), np.zeros(k)
+    if local > 1:  # ring over the local GPUs (Patarasuk & Yuan 2009), intra latency per step
+        intra = (
+            factor / local * size / intra_bw.min(axis=(1, 2)) + factor * fabric.intra_node_latency_s
+        )
     inter_rings = blocks.transpose(0, 2, 1).reshape(k * local, d)
     inter_bytes = np.repeat(size / local, local)
     inter = ring_times_s(fabric, inter_rings, inter_bytes, collective, None, what)

@@ -4,7 +4,10 @@
 arrays) and caches what depends on the plan's knobs but not its placement
 (chunk times, memory, optimizer time, flow templates), so a search that tries
 thousands of placements pays only for one gather of every transfer of the
-iteration.  :func:`evaluate` and :func:`simulate` are one-shot conveniences.
+iteration.  :meth:`Evaluator.iteration_time` is the fast path of a search
+(no breakdown, memory or :class:`~pipette_cp.specs.plan.Evaluation`).
+:func:`evaluate` and :func:`simulate` are one-shot conveniences; the layout
+checks live in :mod:`pipette_cp.cost.layout_check` (re-exported here).
 """
 
 from __future__ import annotations
@@ -12,8 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
-from itertools import chain
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -23,6 +25,15 @@ from pipette_cp.cost.compute import (
     hardware_flops_per_iteration,
     model_flops_per_iteration,
     optimizer_step_time_s,
+)
+from pipette_cp.cost.layout_check import (
+    FlowTemplate,
+    check_knobs,
+    check_placement,
+    flow_template,
+    num_micro_batches,
+    placement_array,
+    validate_layout,
 )
 from pipette_cp.cost.memory import (
     memory_by_stage,
@@ -34,90 +45,20 @@ from pipette_cp.cost.pipeline import PipelineInputs, finish_iteration, pipeline_
 from pipette_cp.cost.profile import LayerProfile
 from pipette_cp.cost.simulator import Timeline, simulate_pipeline
 from pipette_cp.cost.simulator import simulate as simulate_inputs
-from pipette_cp.errors import InfeasibleError, LayoutError
+from pipette_cp.errors import InfeasibleError
 from pipette_cp.specs.instance import Instance
 from pipette_cp.specs.plan import Evaluation, Plan
 from pipette_cp.units import BYTES_PER_ELEMENT, TFLOPS
+
+__all__ = [
+    "BREAKDOWN_KEYS", "Evaluator", "Predictor", "evaluate", "num_micro_batches",
+    "placement_array", "simulate", "validate_layout",
+]  # fmt: skip
 
 Predictor = Literal["analytic", "simulator"]
 
 #: Keys of ``Evaluation.breakdown_s``; they sum to the iteration time.
 BREAKDOWN_KEYS = ("compute", "bubble", "pp_comm", "dp_comm", "tp_comm", "optimizer")
-
-
-# ------------------------------------------------------------------ validation
-def placement_array(plan: Plan) -> np.ndarray:
-    """The placement as a (pp, dp, tp) integer array: ``[stage, replica, tp_rank]``."""
-    flat = np.fromiter(chain.from_iterable(plan.placement), dtype=np.int64)
-    return flat.reshape(plan.pp, plan.dp, plan.tp)
-
-
-def num_micro_batches(instance: Instance, plan: Plan) -> int:
-    """Micro-batches per iteration per pipeline: ``global_batch / (dp * micro_batch)``."""
-    return instance.training.global_batch_size // (plan.dp * plan.micro_batch_size)
-
-
-def validate_layout(instance: Instance, plan: Plan, gpus: np.ndarray | None = None) -> None:
-    """Raise :class:`LayoutError` if ``plan`` cannot run this model on this cluster.
-
-    Checks, in order: dense model; tp within a node and dividing the attention
-    and key/value heads; dp * pp * tp GPUs; dp * micro-batch dividing the
-    global batch; the layer split; interleaving (pp > 1, pp dividing the
-    micro-batches as Megatron requires); the placement (ids in range, no GPU
-    twice, each unit inside one node).  ``gpus`` is :func:`placement_array`
-    if already computed.  Example message:
-    ``plan.tp=3: tp=3 must divide num_attention_heads=8``.
-    """
-    model, cluster, training = instance.model, instance.cluster, instance.training
-    dp, pp, tp, mb, vpp = plan.dp, plan.pp, plan.tp, plan.micro_batch_size, plan.vpp
-    g, n, used = cluster.gpus_per_node, cluster.num_gpus, plan.num_gpus
-    gbs = training.global_batch_size
-    layers, m = sum(plan.layer_split), training.global_batch_size // (dp * mb)
-    all_gpus = instance.search_space.use_all_gpus
-    checks = (
-        (model.is_moe, "model.num_experts", model.num_experts,
-         f"num_experts={model.num_experts}: mixture-of-experts models are not modelled"),
-        (tp > g, "plan.tp", tp, f"tp={tp} exceeds gpus_per_node={g}"),
-        (model.num_attention_heads % tp, "plan.tp", tp,
-         f"tp={tp} must divide num_attention_heads={model.num_attention_heads}"),
-        (model.kv_heads % tp, "plan.tp", tp, f"tp={tp} must divide num_kv_heads={model.kv_heads}"),
-        (used != n if all_gpus else used > n, "plan.dp*pp*tp", used,
-         f"dp={dp} x pp={pp} x tp={tp} = {used} GPUs, but the cluster has {n} GPUs"),
-        (gbs % (dp * mb), "plan.micro_batch_size", mb,
-         f"dp={dp} x micro_batch_size={mb} = {dp * mb} must divide global_batch_size={gbs}"),
-        (layers != model.num_layers, "plan.layer_split", plan.layer_split,
-         f"sums to {layers} layers, expected num_layers={model.num_layers}"),
-        (vpp > 1 and pp == 1, "plan.vpp", vpp, f"vpp={vpp} > 1 needs pp > 1, got pp=1"),
-        (vpp > 1 and m % pp, "plan.vpp", vpp,
-         f"vpp={vpp}: interleaving needs pp={pp} to divide the {m} micro-batches (Megatron)"),
-    )  # fmt: skip
-    for failed, field, value, expected in checks:
-        if failed:
-            raise LayoutError(field, value, expected)
-    units = (placement_array(plan) if gpus is None else gpus).reshape(-1, tp)
-    flat = units.ravel()
-    if (outside := (flat < 0) | (flat >= n)).any():
-        where = int(np.argmax(outside))
-        raise LayoutError(
-            f"plan.placement[{where // tp}]", int(flat[where]), f"GPU id outside 0..{n - 1}"
-        )
-    counts = np.bincount(flat, minlength=n)
-    if (counts > 1).any():
-        gpu = int(np.argmax(counts > 1))
-        users = [i for i, unit in enumerate(plan.placement) if gpu in unit]
-        raise LayoutError(
-            "plan.placement", gpu, f"GPU {gpu} is used by units {users[0]} and {users[-1]}"
-        )
-    nodes = units // g
-    spans = (nodes != nodes[:, :1]).any(axis=1)
-    if spans.any():
-        u = int(np.argmax(spans))
-        found = sorted({int(x) for x in nodes[u]})
-        raise LayoutError(
-            f"plan.placement[{u}]",
-            plan.placement[u],
-            f"the tp={tp} ranks of unit {u} span nodes {found}; a unit must sit in one node",
-        )
 
 
 # ------------------------------------------------------------------ evaluation
@@ -129,32 +70,15 @@ def _knobs(plan: Plan) -> tuple:
     )  # fmt: skip
 
 
-def _flows(pp: int, dp: int, tp: int, vpp: int, tied: bool) -> tuple:
-    """Every transfer of an iteration as positions in the flat placement: hops s -> s+1
-    and back (a concurrency group per hop and direction), all DP rings (one group: they
-    overlap at the end), the tied-embedding pairs (a group per direction).  Returns
-    (src, dst, group, (start of rings, start of pairs, end), hops per direction, ring
-    positions, ((operation, start, end), ...) for error messages)."""
-    pos = np.arange(pp * dp * tp).reshape(pp, dp, tp)
-    last = pp if vpp > 1 else pp - 1  # interleaving adds the hop from the last stage to 0
-    here, nxt = pos[:last], np.concatenate((pos[1:], pos[:1]))[:last]
-    rings = pos.transpose(0, 2, 1).reshape(pp * tp, dp)
-    ring_next = np.concatenate((rings[:, 1:], rings[:, :1]), axis=1) if dp > 1 else rings[:, :0]
-    first, final = (pos[0].ravel(), pos[-1].ravel()) if tied else (pos[:0, 0, 0],) * 2
-    hop = np.broadcast_to(np.arange(last)[:, None, None], here.shape)
-    chunks: list[tuple[str, np.ndarray, np.ndarray, Any]] = [
-        ("a pipeline hop (activations)", here, nxt, hop),
-        ("a pipeline hop (gradients)", nxt, here, pp + hop),
-        ("a data-parallel gradient sync", rings[:, : ring_next.shape[1]], ring_next, 2 * pp),
-        ("the tied-embedding gradient all-reduce", first, final, 2 * pp + 1),
-        ("the tied-embedding gradient all-reduce", final, first, 2 * pp + 2),
-    ]
-    ends = np.cumsum([0] + [c[1].size for c in chunks]).tolist()
-    src = np.concatenate([c[1].ravel() for c in chunks])
-    dst = np.concatenate([c[2].ravel() for c in chunks])
-    group = np.concatenate([np.broadcast_to(c[3], c[1].shape).ravel() for c in chunks])
-    parts = tuple((c[0], ends[i], ends[i + 1]) for i, c in enumerate(chunks))
-    return src, dst, group, (ends[2], ends[3], ends[5]), last, rings, parts
+class _Stages(NamedTuple):
+    """Forward, backward and TP communication time per virtual stage (one micro-batch),
+    and the busiest stage's compute and TP time over the iteration."""
+
+    forward_s: np.ndarray
+    backward_s: np.ndarray
+    tp_comm_s: np.ndarray
+    busy_s: float
+    busy_tp_s: float
 
 
 class Evaluator:
@@ -164,7 +88,8 @@ class Evaluator:
     ``dp_algorithm``: ``"ring"`` (in replica order), ``"hierarchical"`` or ``"best"``
     (the faster per group, as NCCL's tuner picks; with one GPU of a group per node
     they coincide and only the ring is costed).  ``validate``: whether
-    :meth:`evaluate` calls :func:`validate_layout` first.
+    :meth:`evaluate` and :meth:`iteration_time` call :func:`validate_layout` first
+    (the placement-free part once per layout).
     """
 
     def __init__(
@@ -180,59 +105,93 @@ class Evaluator:
         self._peak = np.array([gpu.peak_flops_per_s for gpu in self._gpu_of_gpu])
         self._usable = np.array([usable_memory_bytes(gpu) for gpu in self._gpu_of_gpu])
         self._model_flops = model_flops_per_iteration(instance.model, instance.training)
-        self._cache: dict[tuple, object] = {}
+        self._mixed = len(cluster.gpu_types) > 1
+        self._cache: dict[tuple, Any] = {}
 
     def _cached(self, key: tuple, make: Callable[[], Any]) -> Any:
-        if key not in self._cache:
+        if (value := self._cache.get(key)) is None:
             if len(self._cache) > 4096:
                 self._cache.clear()
-            self._cache[key] = make()
-        return self._cache[key]
+            value = self._cache[key] = make()
+        return value
 
-    def _stage_times(self, plan: Plan, key: tuple, stage_gpu: list, stage_bw: np.ndarray) -> Any:
-        """(forward, backward, TP comm) per virtual stage: each stage's rows from the
-        chunk times of its slowest GPU type at its slowest TP group's bandwidth."""
-        inst, rows = self.instance, np.arange(plan.pp * plan.vpp) % plan.pp
-        stage_keys = [(gpu.name, float(bw)) for gpu, bw in zip(stage_gpu, stage_bw, strict=True)]
-        out = np.zeros((3, plan.pp * plan.vpp))
-        for name, bw in set(stage_keys):
-            args = (inst.model, inst.training, inst.cluster.gpu_types[name], plan, bw, self.profile)
-            t = self._cached(("chunks", key, name, bw), partial(chunk_times, *args))
-            times = np.stack(
-                [t.forward_s, t.backward_s, t.tp_comm_forward_s + t.tp_comm_backward_s]
-            )
-            sel = np.array([k == (name, bw) for k in stage_keys])[rows]
-            out[:, sel] = times[:, sel]
-        return out
+    def _check(self, plan: Plan, key: tuple, gpus: np.ndarray) -> None:
+        """:func:`validate_layout`, the placement-free checks once per layout."""
+        if ("valid", key) not in self._cache:
+            check_knobs(self.instance, plan)
+            self._cached(("valid", key), lambda: True)
+        check_placement(self.instance, plan, gpus)
+
+    def _stage_times(
+        self, plan: Plan, key: tuple, stage_gpu: list, stage_bw: np.ndarray
+    ) -> _Stages:
+        """Per virtual stage: each stage's rows from the chunk times of its slowest GPU
+        type at its slowest TP group's bandwidth (cached by both)."""
+        inst, vpp = self.instance, plan.vpp
+        model, training, types = inst.model, inst.training, inst.cluster.gpu_types
+
+        def make() -> _Stages:
+            rows = np.arange(plan.pp * vpp) % plan.pp
+            stage_keys = [(g.name, float(bw)) for g, bw in zip(stage_gpu, stage_bw, strict=True)]
+            out = np.zeros((3, plan.pp * vpp))
+            for name, bw in set(stage_keys):
+                args = (model, training, types[name], plan, bw, self.profile)
+                t = self._cached(("chunks", key, name, bw), partial(chunk_times, *args))
+                times = np.stack(
+                    [t.forward_s, t.backward_s, t.tp_comm_forward_s + t.tp_comm_backward_s]
+                )
+                sel = np.array([k == (name, bw) for k in stage_keys])[rows]
+                out[:, sel] = times[:, sel]
+            out.flags.writeable = False
+            m = num_micro_batches(inst, plan)
+            busy = m * (out[0] + out[1]).reshape(vpp, -1).sum(axis=0)
+            tp_stage = m * out[2].reshape(vpp, -1).sum(axis=0)
+            top = int(np.argmax(busy))
+            return _Stages(out[0], out[1], out[2], float(busy[top]), float(tp_stage[top]))
+
+        names = tuple(g.name for g in stage_gpu) if self._mixed else None
+        return self._cached(("stage times", key, names, stage_bw.tobytes()), make)
 
     def _per_stage(self, plan: Plan, key: tuple, stage_gpu: list) -> tuple[np.ndarray, np.ndarray]:
         """Parameters per GPU and optimizer-step time of every stage (cached)."""
         model, training = self.instance.model, self.instance.training
-        return self._cached(
-            ("stage", key, *(g.name for g in stage_gpu)),
-            lambda: (
-                np.array([stage_params_per_gpu(model, plan, s) for s in range(plan.pp)]),
-                np.array([optimizer_step_time_s(model, training, g, plan, s) for s, g in enumerate(stage_gpu)]),
-            ),
-        )  # fmt: skip
 
-    def _dp_times(self, plan: Plan, rings, bw, lat, params) -> tuple[np.ndarray, np.ndarray]:
-        """Each stage's DP gradient sync and distributed-optimizer parameter gather.
+        def make() -> tuple[np.ndarray, np.ndarray]:
+            params = np.array([stage_params_per_gpu(model, plan, s) for s in range(plan.pp)])
+            step = [
+                optimizer_step_time_s(model, training, g, plan, s) for s, g in enumerate(stage_gpu)
+            ]
+            out = params, np.array(step)
+            for array in out:
+                array.flags.writeable = False
+            return out
+
+        names = tuple(g.name for g in stage_gpu) if self._mixed else None
+        return self._cached(("stage", key, names), make)
+
+    def _dp_ops(self, plan: Plan, params: np.ndarray) -> list[tuple[comm.Collective, np.ndarray]]:
+        """The DP collectives of every (stage, tp rank) ring and their sizes, bytes.
 
         Megatron reduces the gradients in fp32 under bf16 (``arguments.py``):
         all-reduce, or with the distributed optimizer a reduce-scatter, then
         after the step an all-gather of the bf16 parameters (unless
-        ``overlap_param_gather``).  All stages' rings run at once.
+        ``overlap_param_gather``).
         """
-        training, pp, tp, algorithm = self.instance.training, plan.pp, plan.tp, self.dp_algorithm
+        training = self.instance.training
         elem = BYTES_PER_ELEMENT[training.precision]
         grad_bytes = 4.0 if training.precision == "bf16" else float(elem)
-        sizes = np.repeat(params, tp)
+        sizes = np.repeat(params, plan.tp)
         ops: list[tuple[comm.Collective, np.ndarray]] = [
             ("reduce_scatter" if plan.distributed_optimizer else "all_reduce", sizes * grad_bytes)
         ]
         if plan.distributed_optimizer and not training.overlap_param_gather:
             ops.append(("all_gather", sizes * elem))
+        return ops
+
+    def _dp_times(self, plan: Plan, rings, bw, lat, ops) -> tuple[np.ndarray, np.ndarray]:
+        """Each stage's DP gradient sync and distributed-optimizer parameter gather
+        (:meth:`_dp_ops`); all stages' rings run at once."""
+        pp, tp, algorithm = plan.pp, plan.tp, self.dp_algorithm
         flat_ok = bool(bw.all())
         two_level = algorithm != "ring" and comm.local_group_size(self.fabric, rings) > 1
         what = "a data-parallel gradient sync"
@@ -258,36 +217,41 @@ class Evaluator:
         """The schedule inputs of ``plan`` and the TP communication time per virtual stage
         (part of its forward + backward); :class:`~pipette_cp.errors.InfeasibleError`
         names the operation (hop, DP ring, TP group, embedding pair) of a failed link."""
+        x, stages = self._inputs(plan, placement_array(plan) if gpus is None else gpus)
+        return x, stages.tp_comm_s
+
+    def _inputs(self, plan: Plan, gpus: np.ndarray) -> tuple[PipelineInputs, _Stages]:
         inst, fabric = self.instance, self.fabric
         model, training = inst.model, inst.training
-        dp, pp, tp = plan.dp, plan.pp, plan.tp
-        gpus = placement_array(plan) if gpus is None else gpus
+        dp, pp, tp, vpp = plan.dp, plan.pp, plan.tp, plan.vpp
         key = _knobs(plan)
+        tied = model.tied_embeddings and pp > 1
+        args = (pp, dp, tp, vpp, tied, fabric.num_nodes)
+        f: FlowTemplate = self._cached(("flows", *args[:5]), partial(flow_template, *args))
+        flat = gpus.ravel()
         if tp > 1:  # tensor-parallel rings inside each unit: slowest link per stage
-            succ = np.concatenate((gpus[:, :, 1:], gpus[:, :, :1]), axis=2)
-            stage_bw = fabric.bandwidth[gpus, succ].min(axis=(1, 2))
+            succ = flat[f.tp_next]
+            links = fabric.flat_bandwidth[flat * fabric.num_gpus + succ]
+            stage_bw = links.reshape(pp, -1).min(axis=1)
             if not stage_bw.all():
-                comm.check_links(fabric, gpus, succ, "a tensor-parallel group")
+                comm.check_links(fabric, flat, succ, "a tensor-parallel group")
         else:
             stage_bw = np.zeros(pp)
         stage_gpu = [self._gpu_of_gpu[0]] * pp
-        if len(inst.cluster.gpu_types) > 1:  # the slowest GPU type among each stage's GPUs
+        if self._mixed:  # the slowest GPU type among each stage's GPUs
             by_stage = gpus.reshape(pp, -1)
             slowest = by_stage[np.arange(pp), self._peak[by_stage].argmin(axis=1)]
             stage_gpu = [self._gpu_of_gpu[int(g)] for g in slowest]
-        fwd, bwd, tp_comm = self._stage_times(plan, key, stage_gpu, stage_bw)
+        stages = self._stage_times(plan, key, stage_gpu, stage_bw)
         params, optimizer = self._per_stage(plan, key, stage_gpu)
         # every transfer of the iteration in one gather
-        tied = model.tied_embeddings and pp > 1
-        f = self._cached(
-            ("flows", pp, dp, tp, plan.vpp, tied), partial(_flows, pp, dp, tp, plan.vpp, tied)
-        )
-        flat, (src, dst, group, (r0, e0, end), last, ring_pos, parts) = gpus.ravel(), f
-        bw, lat = comm.concurrent_flows(fabric, flat[src], flat[dst], group, None)
+        (r0, e0, end), last = f.bounds, f.last
+        src, dst = flat[f.src], flat[f.dst]
+        bw, lat = comm.shared_nic_flows(fabric, src, dst, f.offset, f.size)
         if not bw.all():
-            for what, lo, hi in parts:  # a DP ring may still avoid it (two-level)
+            for what, lo, hi in f.parts:  # a DP ring may still avoid it (two-level)
                 if not what.startswith("a data-parallel") or self.dp_algorithm == "ring":
-                    comm.check_links(fabric, flat[src[lo:hi]], flat[dst[lo:hi]], what)
+                    comm.check_links(fabric, src[lo:hi], dst[lo:hi], what)
         hops = np.zeros((2, pp))
         if last:
             # activation (= gradient) per tp rank: s b h, / tp with sequence parallelism
@@ -299,23 +263,42 @@ class Evaluator:
             hops[:, :last] = t.reshape(2, last, dp * tp).max(axis=2)
         dp_sync = gather = np.zeros(pp)
         if dp > 1:
-            shape = (pp * tp, dp)
-            ring_bw, ring_lat = bw[r0:e0].reshape(shape), lat[r0:e0].reshape(shape)
-            dp_sync, gather = self._dp_times(plan, flat[ring_pos], ring_bw, ring_lat, params)
+            shape = (dp, pp * tp)
+            ring_bw, ring_lat = bw[r0:e0].reshape(shape).T, lat[r0:e0].reshape(shape).T
+            ops = self._cached(("dp ops", key), lambda: self._dp_ops(plan, params))
+            dp_sync, gather = self._dp_times(plan, flat[f.ring_pos], ring_bw, ring_lat, ops)
         embedding = 0.0
         if tied:  # all-reduce of the word-embedding gradient between its two copies
-            grad_bytes = 4.0 if training.precision == "bf16" else 2.0  # as _dp_times
+            grad_bytes = 4.0 if training.precision == "bf16" else 2.0  # as _dp_ops
             size = padded_vocab_size(model, tp) * model.hidden_size / tp * grad_bytes
             pair_bw, pair_lat = bw[e0:end].reshape(2, -1).T, lat[e0:end].reshape(2, -1).T
             embedding = float(comm.ring_time_from_links(pair_bw, pair_lat, size).max())
-        inputs = PipelineInputs(
-            pp=pp, vpp=plan.vpp, schedule="interleaved" if plan.vpp > 1 else "1f1b",
-            num_micro_batches=num_micro_batches(inst, plan), forward_s=fwd, backward_s=bwd,
-            fwd_hop_s=hops[0], bwd_hop_s=hops[1], dp_sync_s=dp_sync,
-            overlap_grad_reduce=training.overlap_grad_reduce, embedding_sync_s=embedding,
-            optimizer_s=optimizer, param_gather_s=gather,
+        for array in (hops, dp_sync, gather):
+            array.flags.writeable = False
+        # fresh or cached read-only float arrays of the right shapes: no copies needed
+        inputs = PipelineInputs.unchecked(
+            pp=pp, vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b",
+            num_micro_batches=num_micro_batches(inst, plan), forward_s=stages.forward_s,
+            backward_s=stages.backward_s, fwd_hop_s=hops[0], bwd_hop_s=hops[1],
+            dp_sync_s=dp_sync, overlap_grad_reduce=training.overlap_grad_reduce,
+            embedding_sync_s=embedding, optimizer_s=optimizer, param_gather_s=gather,
         )  # fmt: skip
-        return inputs, tp_comm
+        return inputs, stages
+
+    def _prepare(self, plan: Plan) -> tuple[np.ndarray, PipelineInputs, _Stages]:
+        """Placement array (validated if :attr:`validate`) and pipeline inputs."""
+        gpus = placement_array(plan)
+        if self.validate:
+            self._check(plan, _knobs(plan), gpus)
+        return (gpus, *self._inputs(plan, gpus))
+
+    def iteration_time(self, plan: Plan) -> float:
+        """The analytic iteration time of ``plan``, s: :meth:`evaluate`'s
+        ``iteration_time_s`` without the breakdown, memory and MFU (a search's hot path).
+        """
+        _, x, _ = self._prepare(plan)
+        times = pipeline_times(x)
+        return finish_iteration(x, times.stage_end_s, times.last_backward_s).total_s
 
     def evaluate(self, plan: Plan, predictor: Predictor = "analytic") -> Evaluation:
         """Iteration time, throughput, MFU/HFU, memory and time breakdown of ``plan``.
@@ -328,10 +311,7 @@ class Evaluator:
         MFU counts model FLOPs, HFU recomputation too, both against the summed
         peak of the GPUs used.
         """
-        gpus = placement_array(plan)
-        if self.validate:
-            validate_layout(self.instance, plan, gpus)
-        x, tp_comm = self.pipeline_inputs(plan, gpus)
+        gpus, x, st = self._prepare(plan)
         if predictor == "simulator":
             run = simulate_pipeline(x, record=False)
             free = replace(x, fwd_hop_s=np.zeros(x.pp), bwd_hop_s=np.zeros(x.pp))
@@ -342,29 +322,20 @@ class Evaluator:
             pipe, pipe_free = times.pipeline_s, times.free_hops_s
             ends, last_b = times.stage_end_s, times.last_backward_s
         tail = finish_iteration(x, ends, last_b)
-        busy = x.num_micro_batches * (x.forward_s + x.backward_s).reshape(plan.vpp, -1).sum(axis=0)
-        tp_stage = x.num_micro_batches * tp_comm.reshape(plan.vpp, -1).sum(axis=0)
-        top = int(np.argmax(busy))
         pp_comm = max(pipe - pipe_free, 0.0)
         breakdown = {
-            "compute": float(busy[top] - tp_stage[top]),
-            "bubble": float(pipe - busy[top] - pp_comm),
+            "compute": st.busy_s - st.busy_tp_s,
+            "bubble": float(pipe - st.busy_s - pp_comm),
             "pp_comm": pp_comm,
             "dp_comm": tail.optimizer_start_s - pipe + tail.param_gather_s,
-            "tp_comm": float(tp_stage[top]),
+            "tp_comm": st.busy_tp_s,
             "optimizer": tail.optimizer_s,
         }
-        inst, total, n = self.instance, tail.total_s, plan.num_gpus
-        stages = self._cached(
-            ("memory", _knobs(plan)),
-            lambda: tuple(b.total_bytes for b in memory_by_stage(inst.model, inst.training, plan)),
-        )
-        by_stage = gpus.reshape(plan.pp, -1)
-        limit = self._usable[by_stage].min(axis=1)
-        peak = float(self._peak[by_stage].sum())
+        inst, total, n, key = self.instance, tail.total_s, plan.num_gpus, _knobs(plan)
+        stages, by_stage = self._cached(("memory", key), lambda: self._memory(plan))
+        limit, peak = self._limits(gpus.reshape(plan.pp, -1))
         hw = self._cached(
-            ("hfu", _knobs(plan)),
-            lambda: hardware_flops_per_iteration(inst.model, inst.training, plan),
+            ("hfu", key), lambda: hardware_flops_per_iteration(inst.model, inst.training, plan)
         )
         # trusted numbers: built without re-validation (the hot path of a search)
         return Evaluation.model_construct(
@@ -374,16 +345,32 @@ class Evaluator:
             hardware_tflops_per_gpu=hw / total / n / TFLOPS,
             mfu=self._model_flops / (total * peak), hfu=hw / (total * peak),
             memory_bytes_by_stage=stages, memory_bytes_max=max(stages),
-            memory_limit_bytes=float(limit.min()), fits=bool((np.array(stages) <= limit).all()),
+            memory_limit_bytes=float(limit.min()), fits=bool((by_stage <= limit).all()),
             breakdown_s=breakdown, model=predictor,
         )  # fmt: skip
 
+    def _memory(self, plan: Plan) -> tuple[tuple[float, ...], np.ndarray]:
+        """Peak memory per stage, as a tuple and as an array."""
+        inst = self.instance
+        stages = tuple(b.total_bytes for b in memory_by_stage(inst.model, inst.training, plan))
+        array = np.array(stages)
+        array.flags.writeable = False
+        return stages, array
+
+    def _limits(self, by_stage: np.ndarray) -> tuple[np.ndarray, float]:
+        """Usable memory of each stage's smallest GPU and the summed peak FLOP/s of the
+        GPUs (one GPU type: the same for every placement of a shape, computed once)."""
+
+        def make() -> tuple[np.ndarray, float]:
+            limit = self._usable[by_stage].min(axis=1)
+            limit.flags.writeable = False
+            return limit, float(self._peak[by_stage].sum())
+
+        return make() if self._mixed else self._cached(("limits", by_stage.shape), make)
+
     def simulate(self, plan: Plan) -> Timeline:
         """The simulator's timeline of ``plan`` (stage GPUs of DP replica 0)."""
-        gpus = placement_array(plan)
-        if self.validate:
-            validate_layout(self.instance, plan, gpus)
-        x, _ = self.pipeline_inputs(plan, gpus)
+        _, x, _ = self._prepare(plan)
         return simulate_inputs(x, tuple(plan.unit_gpus(s, 0) for s in range(plan.pp)))
 
 

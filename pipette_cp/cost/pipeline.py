@@ -46,124 +46,23 @@ for realistic 1F1B splits; interleaving with unequal *chunks* can be 15 % low
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Literal
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
-Schedule = Literal["1f1b", "interleaved", "gpipe"]
+from pipette_cp.cost.pipeline_inputs import (
+    IterationTail,
+    PipelineInputs,
+    Schedule,
+    finish_iteration,
+)
 
-
-def _array(value: object, length: int) -> np.ndarray:
-    array = np.array(value, dtype=float)
-    if array.shape != (length,):
-        array = np.broadcast_to(array, (length,)).copy()
-    array.flags.writeable = False
-    return array
-
-
-@dataclass(frozen=True, eq=False)
-class PipelineInputs:
-    """Everything the schedule models need (times in s; arrays read-only).
-
-    ``schedule``: Megatron's ``"1f1b"``, its ``"interleaved"`` 1F1B (``vpp > 1``)
-    or ``"gpipe"``.  ``forward_s``, ``backward_s``: per virtual stage
-    ``chunk * pp + stage``, one micro-batch, TP communication and recomputation
-    included.  ``fwd_hop_s[s]``: one activation from stage ``s`` to
-    ``(s + 1) % pp`` (the last entry only matters when interleaved: the last
-    stage feeds stage 0); ``bwd_hop_s[s]``: one gradient from ``(s + 1) % pp``
-    back to ``s``.  Per stage: ``dp_sync_s`` (gradient reduction, hidden under
-    the last backward with ``overlap_grad_reduce``), ``optimizer_s`` and
-    ``param_gather_s`` (distributed optimizer, 0 when overlapped).
-    ``embedding_sync_s``: tied-embedding all-reduce, first <-> last stage.
-    """
-
-    pp: int
-    num_micro_batches: int
-    forward_s: np.ndarray
-    backward_s: np.ndarray
-    fwd_hop_s: np.ndarray
-    bwd_hop_s: np.ndarray
-    vpp: int = 1
-    schedule: Schedule = "1f1b"
-    dp_sync_s: np.ndarray = field(default_factory=lambda: np.zeros(1))
-    overlap_grad_reduce: bool = False
-    embedding_sync_s: float = 0.0
-    optimizer_s: np.ndarray = field(default_factory=lambda: np.zeros(1))
-    param_gather_s: np.ndarray = field(default_factory=lambda: np.zeros(1))
-
-    def __post_init__(self) -> None:
-        for name in ("forward_s", "backward_s"):
-            object.__setattr__(self, name, _array(getattr(self, name), self.pp * self.vpp))
-        for name in ("fwd_hop_s", "bwd_hop_s", "dp_sync_s", "optimizer_s", "param_gather_s"):
-            object.__setattr__(self, name, _array(getattr(self, name), self.pp))
-        if self.pp == 1:
-            object.__setattr__(self, "embedding_sync_s", 0.0)
-        if (self.vpp > 1) != (self.schedule == "interleaved"):
-            raise ValueError(f"schedule={self.schedule!r} does not match vpp={self.vpp}")
-
-    @classmethod
-    def uniform(
-        cls,
-        *,
-        pp: int,
-        num_micro_batches: int,
-        forward_s: float,
-        backward_s: float,
-        hop_s: float = 0.0,
-        vpp: int = 1,
-        schedule: Schedule | None = None,
-    ) -> PipelineInputs:
-        """Equal stages and hops: the textbook case."""
-        return cls(
-            pp=pp, num_micro_batches=num_micro_batches, forward_s=np.full(pp * vpp, forward_s),
-            backward_s=np.full(pp * vpp, backward_s), fwd_hop_s=np.full(pp, hop_s),
-            bwd_hop_s=np.full(pp, hop_s), vpp=vpp,
-            schedule=schedule or ("interleaved" if vpp > 1 else "1f1b"),
-        )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class IterationTail:
-    """What follows the pipeline flush: gradient syncs, then the optimizer."""
-
-    dp_sync_start_s: np.ndarray
-    dp_sync_end_s: np.ndarray
-    embedding_start_s: float
-    embedding_s: float
-    optimizer_start_s: float
-    optimizer_s: float
-    param_gather_s: float
-    total_s: float
-
-
-def finish_iteration(
-    inputs: PipelineInputs, stage_end_s: np.ndarray, last_backward_s: np.ndarray
-) -> IterationTail:
-    """Add the gradient syncs and the optimizer step to the pipeline's end times.
-
-    Megatron calls ``finalize_model_grads`` on every rank right after its
-    schedule ends: the DP gradient reduction of its stage, then (first and
-    last stage) the tied-embedding all-reduce; ``optimizer.step`` then starts
-    with a global grad-norm / inf check all-reduce, a barrier over all stages.
-    With ``overlap_grad_reduce`` the bucketed reduction is launched during the
-    stage's last backward, so up to that backward's duration is hidden.
-    """
-    ends = np.asarray(stage_end_s, dtype=float)
-    window = np.asarray(last_backward_s, dtype=float) if inputs.overlap_grad_reduce else 0.0
-    dp = inputs.dp_sync_s
-    # overlap_grad_reduce hides at most the last backward: exposed = max(dp - b_last, 0)
-    start = ends - np.minimum(window, dp)
-    end = np.maximum(ends, start + dp)
-    ready = float(end.max())
-    emb_start = emb = 0.0
-    if inputs.embedding_sync_s > 0:
-        emb = float(inputs.embedding_sync_s)
-        emb_start = float(max(end[0], end[-1]))
-        ready = max(ready, emb_start + emb)
-    opt = float(inputs.optimizer_s.max())
-    gather = float(inputs.param_gather_s.max())
-    return IterationTail(start, end, emb_start, emb, ready, opt, gather, ready + opt + gather)
+__all__ = [
+    "IterationTail", "PipelineInputs", "PipelineTimes", "Schedule", "finish_iteration",
+    "gpipe", "interleaved", "one_f_one_b", "pipeline_times",
+]  # fmt: skip
 
 
 # ------------------------------------------------------------------ analytic
@@ -182,11 +81,15 @@ class PipelineTimes:
 
 def _shift(a: np.ndarray) -> np.ndarray:
     """``out[..., s] = a[..., s - 1]``, 0 for ``s = 0``."""
-    return np.concatenate((np.zeros((*a.shape[:-1], 1)), a[..., :-1]), axis=-1)
+    out = np.zeros(a.shape)
+    out[..., 1:] = a[..., :-1]
+    return out
 
 
 def _before(a: np.ndarray) -> np.ndarray:
-    return _shift(np.cumsum(a, axis=-1))  # out[..., s] = sum(a[..., :s])
+    out = np.zeros(a.shape)  # out[..., s] = sum(a[..., :s])
+    np.cumsum(a[..., :-1], axis=-1, out=out[..., 1:])
+    return out
 
 
 def _after(a: np.ndarray) -> np.ndarray:
@@ -204,7 +107,7 @@ def _through_stage(h1, rt1, e_last, rt2, busy, b_last, last_forward_first) -> np
     sequential = np.maximum(h1, rt1) + (e_last - h1) + np.maximum(rest, rt2) + b_last
     if last_forward_first is None:  # known to be sequential everywhere
         return sequential
-    overlapped = np.maximum.reduce([busy, rt1 + busy - h1, e_last + rt2 + b_last])
+    overlapped = np.maximum(np.maximum(busy, rt1 + busy - h1), e_last + rt2 + b_last)
     return np.where(last_forward_first, overlapped, sequential)
 
 
@@ -224,24 +127,22 @@ def one_f_one_b(
     """
     p, m = x.pp, x.num_micro_batches
     f, b = x.forward_s, x.backward_s
-    s = np.arange(p)
-    inner = s < p - 1
+    terms = _one_f_one_b_terms(p, m, f.tobytes(), b.tobytes())
+    inner, w, rem, after_fb, busy_fb, warm_f, warm_b = terms
     cfn, cbn = fwd_hop_s * inner, bwd_hop_s * inner  # with s + 1
     cfp, cbp = _shift(cfn), _shift(cbn)  # with s - 1
     # a blocking exchange moves both directions at once (full-duplex links)
     xn, xp = np.maximum(cfn, cbn), np.maximum(cfp, cbp)
-    w = np.minimum(p - 1 - s, m)
-    rem = m - w
-    rt = _after(f + b) + _after(cfn + cbn) + cfn + cbn
+    rt = after_fb + _after(cfn + cbn) + cfn + cbn
     fast = m > p  # every stage has >= 2 steady iterations: the common case, no branches
     steady = rem > 0
     p2p = w * (cfp + cfn + cbn + cbp) + rem * xn + (rem - 1) * xp
     if not fast:  # warm-up only: m forwards (receive, F, send), m backwards
         p2p = np.where(steady, p2p, m * (cfn + cbn) + (m - 1) * (cfp + cbp))
-    busy = m * (f + b) + p2p
+    busy = busy_fb + p2p
     # first backward: after w + 1 forwards, or after all m of them (warm-up only)
-    h1 = (w + 1) * f + w * (cfn + cfp) + xn
-    e_last = busy - xn - (w + 1) * b - w * (cbp + cbn)
+    h1 = warm_f + w * (cfn + cfp) + xn
+    e_last = busy - xn - warm_b - w * (cbp + cbn)
     if not fast:
         h1 = np.where(steady, h1, m * (f + cfn) + (m - 1) * cfp + cbn)
         e_last = np.where(steady, e_last, m * f + (m - 1) * (cfn + cfp))
@@ -250,11 +151,42 @@ def one_f_one_b(
     return _before(f + cfn) + inner_path + drain, drain
 
 
+@lru_cache(maxsize=256)
+def _one_f_one_b_terms(p: int, m: int, forward: bytes, backward: bytes) -> tuple:
+    """The terms of :func:`one_f_one_b` without hops: ``s < p - 1``, ``w``, ``m - w``,
+    ``_after(f + b)``, ``m (f + b)``, ``(w + 1) f``, ``(w + 1) b`` (by the exact bytes
+    of the stage times: a search times the same stages on many placements)."""
+    f, b = np.frombuffer(forward), np.frombuffer(backward)
+    s = np.arange(p)
+    w = np.minimum(p - 1 - s, m)
+    out = (s < p - 1, w, m - w, _after(f + b), m * (f + b), (w + 1) * f, (w + 1) * b)
+    for a in out:
+        a.flags.writeable = False
+    return out
+
+
 def _chunk_counts(k: np.ndarray, pp: int, vpp: int) -> np.ndarray:
     """Count of each chunk among forward ops ``0 .. k - 1`` (shape ``k.shape + (vpp,)``):
     Megatron's ``get_schedule_table`` runs chunk ``c`` at ops ``g pp vpp + c pp + [0, pp)``."""
     k, period = np.asarray(k)[..., None], pp * vpp
     return (k // period) * pp + np.clip(k % period - np.arange(vpp) * pp, 0, pp)
+
+
+@lru_cache(maxsize=64)
+def _interleaved_indices(p: int, v: int, m: int) -> tuple[Any, ...]:
+    """What :func:`interleaved` needs that depends on no time, only on (p, v, m)."""
+    n, total, s, u = p * v, m * v, np.arange(p), np.arange(p * v)
+    warm = np.minimum(2 * (p - 1 - s) + (v - 1) * p, total)
+    rem = total - warm
+    n_warm = _chunk_counts(warm, p, v)
+    n_cool = (m - _chunk_counts(rem, p, v))[:, ::-1]  # mirror chunks of ops rem..total-1
+    out = (u % p, u < n - 1, (u % p - 1) % p, u > 0, np.arange(v)[None, :] * p + s[:, None],
+           (s - 1) % p, warm, rem, n_warm, m - n_warm, n_cool, (warm % n) // p, (v - 1) * p + s,
+           v - 1 - ((rem - 1) % n) // p)  # fmt: skip
+    for a in out:
+        a.flags.writeable = False
+    # stages whose last forward precedes their first backward (None: no such stage)
+    return (*out, rem <= 1 if (rem <= 1).any() else None)
 
 
 def interleaved(x: PipelineInputs) -> tuple[float, np.ndarray]:
@@ -272,72 +204,108 @@ def interleaved(x: PipelineInputs) -> tuple[float, np.ndarray]:
     ``s`` to the end and back to ``s``.
     """
     p, v, m = x.pp, x.vpp, x.num_micro_batches
-    n, total = p * v, m * v
     f, b = x.forward_s, x.backward_s
-    u = np.arange(n)
-    cf_out = np.where(u < n - 1, x.fwd_hop_s[u % p], 0.0)
-    cb_out = np.where(u > 0, x.bwd_hop_s[(u % p - 1) % p], 0.0)
-    s = np.arange(p)
-    vs = np.arange(v)[None, :] * p + s[:, None]  # (p, v) virtual stages of each stage
-    fs, bs, send = f[vs], b[vs], cf_out[vs]
+    idx = _interleaved_indices(p, v, m)
+    hop_f, not_last, hop_b, not_first, vs, prev, warm, rem, n_warm, n_steady, n_cool = idx[:11]
+    first_chunk, top, last_first, s = idx[11], idx[12], idx[14], np.arange(p)
+    terms = _interleaved_terms(p, v, m, f.tobytes(), b.tobytes())
+    fs, busy_b, after_b, f_top, b_s, before_b = terms
+    cf_out = np.where(not_last, x.fwd_hop_s[hop_f], 0.0)
+    cb_out = np.where(not_first, x.bwd_hop_s[hop_b], 0.0)
+    send = cf_out[vs]
     # warm-up calls also receive the next input, cool-down calls the next gradient
-    wsend = np.maximum(send, x.fwd_hop_s[(s - 1) % p][:, None])
-    bsend = np.maximum(cb_out[vs], x.bwd_hop_s[s][:, None])
-    warm = np.minimum(2 * (p - 1 - s) + (v - 1) * p, total)
-    rem = total - warm
-    n_warm = _chunk_counts(warm, p, v)
-    n_cool = (m - _chunk_counts(rem, p, v))[:, ::-1]  # mirror chunks of ops rem..total-1
-    fwd_busy = (n_warm * (fs + wsend) + (m - n_warm) * (fs + send)).sum(axis=1)
+    wsend = np.maximum(send, x.fwd_hop_s[prev][:, None])
+    bsend = np.maximum(cb_out[vs], x.bwd_hop_s[:, None])
+    warm_fwd, steady_fwd = n_warm * (fs + wsend), fs + send
+    fwd_busy = (warm_fwd + n_steady * steady_fwd).sum(axis=1)
     # the last backward's own send belongs to the drain
     cool_p2p = (n_cool * bsend).sum(axis=1) - np.where(warm > 0, bsend[:, 0], 0.0)
-    busy = fwd_busy + m * bs.sum(axis=1) + cool_p2p
-    first_steady = (fs + send)[s, (warm % n) // p]
-    h1 = np.where(rem > 0, (n_warm * (fs + wsend)).sum(axis=1) + first_steady, fwd_busy)
-    top = (v - 1) * p + s  # chunk v - 1 of stage s
+    busy = fwd_busy + busy_b + cool_p2p
+    first_steady = steady_fwd[s, first_chunk]
+    h1 = np.where(rem > 0, warm_fwd.sum(axis=1) + first_steady, fwd_busy)
     fwd_from = np.cumsum((f + cf_out)[::-1])[::-1]  # sum_{w >= u} (f + cf)
     bwd_after = _after(b + cb_out)  # sum_{w > u} (b + cb)
     rt1 = fwd_from[s] + bwd_after[top]
-    rt2 = fwd_from[top] - f[top] + bwd_after[s]
+    rt2 = fwd_from[top] - f_top + bwd_after[s]
     # end of the last forward: all but its send and the backwards after it
-    after_last = bs[s, v - 1 - ((rem - 1) % n) // p] + (n_cool * bs).sum(axis=1) + cool_p2p
+    after_last = after_b + cool_p2p
     e_last = np.where(rem > 0, busy - send[:, -1] - after_last, fwd_busy - send[:, -1])
-    inner = _through_stage(h1, rt1, e_last, rt2, busy, b[s], rem <= 1)
+    inner = _through_stage(h1, rt1, e_last, rt2, busy, b_s, last_first)
     # fill: chunk 0 of micro-batch 0 down to s; drain: its last gradient back to stage 0
-    fill, drain = _before(f[:p] + cf_out[:p]), _before(b[:p]) + np.cumsum(cb_out[:p])
-    return max(float((fill + inner + drain).max()), _gradient_chain(x, fill)), drain
+    fill, drain = _before(f[:p] + cf_out[:p]), before_b + np.cumsum(cb_out[:p])
+    return max(float((fill + inner + drain).max()), _gradient_chain(x, fill, fs)), drain
 
 
-def _gradient_chain(x: PipelineInputs, fill: np.ndarray) -> float:
+@lru_cache(maxsize=256)
+def _interleaved_terms(p: int, v: int, m: int, forward: bytes, backward: bytes) -> tuple:
+    """The terms of :func:`interleaved` and :func:`_gradient_chain` without hops, by the
+    exact bytes of the chunk times (a search times the same chunks on many placements)."""
+    f, b = np.frombuffer(forward), np.frombuffer(backward)
+    idx, s = _interleaved_indices(p, v, m), np.arange(p)
+    vs, n_cool, top, last_chunk = idx[4], idx[10], idx[12], idx[13]
+    fs, bs = f[vs], b[vs]
+    out = (fs, m * bs.sum(axis=1), bs[s, last_chunk] + (n_cool * bs).sum(axis=1), f[top], b[s],
+           _before(b[:p]))  # fmt: skip
+    for a in out:
+        a.flags.writeable = False
+    return out
+
+
+@lru_cache(maxsize=16)  # (p, m v) arrays: a search meets few (p, v, m)
+def _chain_indices(p: int, v: int, m: int) -> tuple[np.ndarray, ...]:
+    """Gather indices of :func:`_gradient_chain` (they depend only on p, v, m): each
+    (stage, op) picks from the per-(stage, chunk) tables of forward-op time, cool-down
+    send (``p v`` further on) and 0 (``2 p v``), and from the backward times."""
+    n, total = p * v, m * v
+    s, k = np.arange(p)[:, None], np.arange(total)[None, :]
+    warm = np.minimum(2 * (p - 1 - s) + (v - 1) * p, total)
+    fchunk = (k % n) // p
+    fop = s * v + fchunk  # forward op k of stage s in the (p, v) table
+    u_b = (v - 1 - fchunk) * p + s
+    nxt = np.take_along_axis(fop, np.minimum(k + 1 + warm, total - 1), axis=1)
+    gap = np.where(k + 1 < total - warm, nxt, n + s * v + fchunk)
+    head = np.where(np.arange(total)[None, :] <= warm, fop, 2 * n)
+    for a in (u_b, gap, head):
+        a.flags.writeable = False
+    return u_b, gap, head
+
+
+def _gradient_chain(x: PipelineInputs, fill: np.ndarray, fs: np.ndarray) -> float:
     """Longest path that follows the gradient chain down the stages (interleaved).
 
     Backward op ``k`` of stage ``s`` needs backward op ``k`` of ``s + 1``; a
     path may ride one stage's op sequence, then step down to ``s - 1`` at any
     op.  This catches a heavy chunk on a late stage followed by a heavy chunk
     on an early one, which no single-stage path sees.  A longest-path dynamic
-    program over (stage, backward op), one cumulative maximum per stage.
+    program over (stage, backward op), one cumulative maximum per stage.  ``fs``: the
+    forward time of each (stage, chunk).
     """
-    p, v, m = x.pp, x.vpp, x.num_micro_batches
-    n, total = p * v, m * v
-    s = np.arange(p)[:, None]
-    k = np.arange(total)[None, :]
-    warm = np.minimum(2 * (p - 1 - s) + (v - 1) * p, total)
-    fchunk = (k % n) // p
-    u_f, u_b = fchunk * p + s, (v - 1 - fchunk) * p + s
-    fop = x.forward_s[u_f] + np.where(u_f < n - 1, x.fwd_hop_s[s], 0.0)
+    p, v = x.pp, x.vpp
+    n, s, c = p * v, np.arange(p)[:, None], np.arange(v)[None, :]
+    u_b, gap_at, head_at = _chain_indices(p, v, x.num_micro_batches)
+    # per (stage, chunk): forward op time (with its send), cool-down send of the mirror chunk
+    u_f, mirror = c * p + s, (v - 1 - c) * p + s
+    fop = fs + np.where(u_f < n - 1, x.fwd_hop_s[s], 0.0)
+    cool = np.maximum(np.where(mirror > 0, x.bwd_hop_s[(s - 1) % p], 0.0), x.bwd_hop_s[s])
+    table = np.concatenate((fop.ravel(), cool.ravel(), [0.0]))
     bop = x.backward_s[u_b]
-    cool = np.maximum(np.where(u_b > 0, x.bwd_hop_s[(s - 1) % p], 0.0), x.bwd_hop_s[s])
     # own-sequence start of backward op k, from the start of forward op 0:
     # warm-up forwards + first steady forward, then (backward, next forward) pairs
-    nxt = np.take_along_axis(fop, np.minimum(k + 1 + warm, total - 1), axis=1)
-    gap = bop + np.where(k + 1 < total - warm, nxt, cool)
-    head = np.where(np.arange(total)[None, :] <= warm, fop, 0.0).sum(axis=1)
-    start = head[:, None] + _before(gap) + fill[:, None]
-    down = np.r_[x.bwd_hop_s[: p - 1], 0.0]  # gradient hop into stage s - 1 ... per s
+    gap = bop + table[gap_at]
+    head = table[head_at].sum(axis=1)
+    before = np.zeros((p, gap.shape[1] + 1))
+    np.cumsum(gap, axis=1, out=before[:, 1:])  # before[:, k] = sum(gap[:, :k])
+    start = head[:, None] + before[:, :-1] + fill[:, None]
+    down = [*x.bwd_hop_s[: p - 1].tolist(), 0.0]  # gradient hop into stage s - 1 ... per s
     best = start[p - 1] + bop[p - 1]
+    wait = np.zeros(best.size + 1)  # wait[k + 1] = max(0, max_{k' <= k} step[k'])
+    step = wait[1:]
     for st in range(p - 2, -1, -1):
         # arrive at backward op k of stage st from op k' <= k of stage st + 1
-        best = start[st] + np.maximum(0.0, np.maximum.accumulate(best + down[st] - start[st]))
-        best = best + bop[st]
+        row = start[st]
+        np.subtract(np.add(best, down[st], out=step), row, out=step)
+        np.maximum.accumulate(wait, out=wait)
+        np.add(np.add(row, step, out=best), bop[st], out=best)
     return float(best[-1])
 
 
@@ -390,10 +358,23 @@ def pipeline_times(x: PipelineInputs) -> PipelineTimes:
         total, free = paths.max(axis=1)
         ends = total - drain[0] + _shift(x.bwd_hop_s * (np.arange(p) < p - 1))
         return PipelineTimes(float(total), ends, compute, last_b, float(free))
-    free_x = replace(x, fwd_hop_s=np.zeros(p), bwd_hop_s=np.zeros(p))
     if x.schedule == "gpipe":
-        ends, free_ends = gpipe(x), gpipe(free_x)
+        ends = gpipe(x)
+        free_ends = gpipe(replace(x, fwd_hop_s=np.zeros(p), bwd_hop_s=np.zeros(p)))
         return PipelineTimes(float(ends.max()), ends, compute, last_b, float(free_ends.max()))
     total, drain = interleaved(x)
     ends = total - drain + x.bwd_hop_s[(np.arange(p) - 1) % p] * (np.arange(p) > 0)
-    return PipelineTimes(total, ends, compute, last_b, interleaved(free_x)[0])
+    f, b = x.forward_s.tobytes(), x.backward_s.tobytes()
+    return PipelineTimes(
+        total, ends, compute, last_b, _free_hops(p, x.vpp, x.num_micro_batches, f, b)
+    )
+
+
+@lru_cache(maxsize=256)
+def _free_hops(p: int, v: int, m: int, forward: bytes, backward: bytes) -> float:
+    """:func:`interleaved` with free hops, by the exact bytes of its chunk times (a search
+    times the same chunks on many placements)."""
+    zeros, f, b = np.zeros(p), np.frombuffer(forward), np.frombuffer(backward)
+    x = PipelineInputs(pp=p, vpp=v, schedule="interleaved", num_micro_batches=m, forward_s=f,
+                       backward_s=b, fwd_hop_s=zeros, bwd_hop_s=zeros)  # fmt: skip
+    return interleaved(x)[0]

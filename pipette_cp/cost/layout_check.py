@@ -1,0 +1,165 @@
+"""What a layout implies before any cost: whether it can run, and where its transfers go.
+
+:func:`validate_layout` = :func:`check_knobs` (everything but the placement:
+the same answer for every placement of a layout, so a search checks it once
+per layout) + :func:`check_placement`.  Messages are only formatted for a
+failing check: the passing path is a few integer comparisons.
+:func:`flow_template` lists every transfer of an iteration as positions in
+the flat placement, so that a placement turns it into GPU pairs in one gather.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from pipette_cp.errors import LayoutError
+from pipette_cp.specs.instance import Instance
+from pipette_cp.specs.plan import Plan
+
+
+def placement_array(plan: Plan) -> np.ndarray:
+    """The placement as a (pp, dp, tp) integer array: ``[stage, replica, tp_rank]``."""
+    flat = np.fromiter(chain.from_iterable(plan.placement), dtype=np.int64)
+    return flat.reshape(plan.pp, plan.dp, plan.tp)
+
+
+def num_micro_batches(instance: Instance, plan: Plan) -> int:
+    """Micro-batches per iteration per pipeline: ``global_batch / (dp * micro_batch)``."""
+    return instance.training.global_batch_size // (plan.dp * plan.micro_batch_size)
+
+
+def check_knobs(instance: Instance, plan: Plan) -> None:
+    """Raise :class:`LayoutError` for the first failing check that ignores the placement.
+
+    In order: dense model; tp within a node and dividing the attention and
+    key/value heads; dp * pp * tp GPUs; dp * micro-batch dividing the global
+    batch; the layer split; interleaving (pp > 1, pp dividing the micro-batches
+    as Megatron requires).
+    """
+    model, cluster, training = instance.model, instance.cluster, instance.training
+    dp, pp, tp, mb, vpp = plan.dp, plan.pp, plan.tp, plan.micro_batch_size, plan.vpp
+    g, n, used = cluster.gpus_per_node, cluster.num_gpus, plan.num_gpus
+    gbs = training.global_batch_size
+    heads, kv = model.num_attention_heads, model.kv_heads
+    if model.is_moe:
+        raise LayoutError("model.num_experts", model.num_experts,
+                          f"num_experts={model.num_experts}: mixture-of-experts models are not modelled")  # fmt: skip
+    if tp > g:
+        raise LayoutError("plan.tp", tp, f"tp={tp} exceeds gpus_per_node={g}")
+    if heads % tp:
+        raise LayoutError("plan.tp", tp, f"tp={tp} must divide num_attention_heads={heads}")
+    if kv % tp:
+        raise LayoutError("plan.tp", tp, f"tp={tp} must divide num_kv_heads={kv}")
+    if used != n if instance.search_space.use_all_gpus else used > n:
+        raise LayoutError("plan.dp*pp*tp", used,
+                          f"dp={dp} x pp={pp} x tp={tp} = {used} GPUs, but the cluster has {n} GPUs")  # fmt: skip
+    if gbs % (dp * mb):
+        raise LayoutError("plan.micro_batch_size", mb,
+                          f"dp={dp} x micro_batch_size={mb} = {dp * mb} must divide global_batch_size={gbs}")  # fmt: skip
+    if (layers := sum(plan.layer_split)) != model.num_layers:
+        raise LayoutError("plan.layer_split", plan.layer_split,
+                          f"sums to {layers} layers, expected num_layers={model.num_layers}")  # fmt: skip
+    if vpp > 1 and pp == 1:
+        raise LayoutError("plan.vpp", vpp, f"vpp={vpp} > 1 needs pp > 1, got pp=1")
+    if vpp > 1 and (m := gbs // (dp * mb)) % pp:
+        raise LayoutError("plan.vpp", vpp,
+                          f"vpp={vpp}: interleaving needs pp={pp} to divide the {m} micro-batches (Megatron)")  # fmt: skip
+
+
+def check_placement(instance: Instance, plan: Plan, gpus: np.ndarray) -> None:
+    """Raise :class:`LayoutError` unless every GPU id is in range, used once, and every
+    unit sits inside one node (``gpus``: :func:`placement_array`)."""
+    g, n, tp = instance.cluster.gpus_per_node, instance.cluster.num_gpus, plan.tp
+    units = gpus.reshape(-1, tp)
+    flat = units.ravel()
+    if flat.min() < 0 or flat.max() >= n:
+        where = int(np.argmax((flat < 0) | (flat >= n)))
+        raise LayoutError(
+            f"plan.placement[{where // tp}]", int(flat[where]), f"GPU id outside 0..{n - 1}"
+        )
+    counts = np.bincount(flat, minlength=n)
+    if counts.max() > 1:
+        gpu = int(np.argmax(counts > 1))
+        users = [i for i, unit in enumerate(plan.placement) if gpu in unit]
+        raise LayoutError(
+            "plan.placement", gpu, f"GPU {gpu} is used by units {users[0]} and {users[-1]}"
+        )
+    if tp == 1:
+        return
+    nodes = units // g
+    if (spans := nodes != nodes[:, :1]).any():
+        spans = spans.any(axis=1)
+        u = int(np.argmax(spans))
+        found = sorted({int(x) for x in nodes[u]})
+        raise LayoutError(
+            f"plan.placement[{u}]",
+            plan.placement[u],
+            f"the tp={tp} ranks of unit {u} span nodes {found}; a unit must sit in one node",
+        )
+
+
+def validate_layout(instance: Instance, plan: Plan, gpus: np.ndarray | None = None) -> None:
+    """Raise :class:`LayoutError` if ``plan`` cannot run this model on this cluster.
+
+    Checks, in order: dense model; tp within a node and dividing the attention
+    and key/value heads; dp * pp * tp GPUs; dp * micro-batch dividing the
+    global batch; the layer split; interleaving (pp > 1, pp dividing the
+    micro-batches as Megatron requires); the placement (ids in range, no GPU
+    twice, each unit inside one node).  ``gpus`` is :func:`placement_array`
+    if already computed.  Example message:
+    ``plan.tp=3: tp=3 must divide num_attention_heads=8``.
+    """
+    check_knobs(instance, plan)
+    check_placement(instance, plan, placement_array(plan) if gpus is None else gpus)
+
+
+class FlowTemplate(NamedTuple):
+    """Every transfer of an iteration as positions in the flat placement (see
+    :func:`flow_template`)."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    offset: np.ndarray  # concurrency group x num_nodes: the NIC-sharing key offset
+    size: int  # number of NIC-sharing keys
+    bounds: tuple[int, int, int]  # start of the rings, start of the pairs, end
+    last: int  # hops per direction
+    ring_pos: np.ndarray  # (pp * tp, dp) DP rings
+    parts: tuple[tuple[str, int, int], ...]  # (operation, start, end) for error messages
+    tp_next: np.ndarray  # successor of every position in its tensor-parallel ring
+
+
+def flow_template(pp: int, dp: int, tp: int, vpp: int, tied: bool, num_nodes: int) -> FlowTemplate:
+    """Hops s -> s+1 and back (a concurrency group per hop and direction), all DP rings
+    (one group: they overlap at the end), the tied-embedding pairs (a group per
+    direction), and the TP rings inside the units (not NIC flows)."""
+    pos = np.arange(pp * dp * tp).reshape(pp, dp, tp)
+    last = pp if vpp > 1 else pp - 1  # interleaving adds the hop from the last stage to 0
+    here, nxt = pos[:last], np.concatenate((pos[1:], pos[:1]))[:last]
+    rings = pos.transpose(0, 2, 1).reshape(pp * tp, dp)
+    # ring links in (link, ring) order: per-ring reductions then run over long columns
+    ring_src, ring_dst = rings.T[:0], rings.T[:0]
+    if dp > 1:
+        ring_src, ring_dst = rings.T, np.concatenate((rings[:, 1:], rings[:, :1]), axis=1).T
+    first, final = (pos[0].ravel(), pos[-1].ravel()) if tied else (pos[:0, 0, 0],) * 2
+    hop = np.broadcast_to(np.arange(last)[:, None, None], here.shape)
+    chunks: list[tuple[str, np.ndarray, np.ndarray, Any]] = [
+        ("a pipeline hop (activations)", here, nxt, hop),
+        ("a pipeline hop (gradients)", nxt, here, pp + hop),
+        ("a data-parallel gradient sync", ring_src, ring_dst, 2 * pp),
+        ("the tied-embedding gradient all-reduce", first, final, 2 * pp + 1),
+        ("the tied-embedding gradient all-reduce", final, first, 2 * pp + 2),
+    ]
+    ends = np.cumsum([0] + [c[1].size for c in chunks]).tolist()
+    src = np.concatenate([c[1].ravel() for c in chunks])
+    dst = np.concatenate([c[2].ravel() for c in chunks])
+    group = np.concatenate([np.broadcast_to(c[3], c[1].shape).ravel() for c in chunks])
+    parts = tuple((c[0], ends[i], ends[i + 1]) for i, c in enumerate(chunks))
+    tp_next = np.concatenate((pos[:, :, 1:], pos[:, :, :1]), axis=2).ravel()
+    out = FlowTemplate(src, dst, group * num_nodes, (2 * pp + 3) * num_nodes,
+                       (ends[2], ends[3], ends[5]), last, rings, parts, tp_next)  # fmt: skip
+    for a in (out.src, out.dst, out.offset, out.ring_pos, out.tp_next):
+        a.flags.writeable = False
+    return out
