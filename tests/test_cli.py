@@ -315,3 +315,72 @@ def test_predict_bad_input(case: str, tmp_path: Path) -> None:
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:"), out
     assert expected in out, out
+
+
+def test_solve_export_plot_round_trip(tmp_path: Path) -> None:
+    plan_file = tmp_path / "plan.json"
+    code, out = run(
+        "solve", "gpt3-1.3b-nominal-8", "--method", "megatron-default", "--top", "3",
+        "--time-limit", "20", "-o", str(plan_file),
+    )  # fmt: skip
+    assert code == 0, out
+    assert "Top plans" in out and "layouts:" in out
+    code, out = run("export", str(plan_file), "--megatron")
+    assert code == 0 and "--tensor-model-parallel-size" in out, out
+    code, out = run("export", str(plan_file), "--hostfile", str(tmp_path / "launch"))
+    assert code == 0 and (tmp_path / "launch" / "rankfile").exists()
+    code, out = run(
+        "plot",
+        str(plan_file),
+        "--timeline",
+        str(tmp_path / "t.png"),
+        "--placement",
+        str(tmp_path / "p.png"),
+    )
+    assert code == 0 and (tmp_path / "t.png").exists() and (tmp_path / "p.png").exists()
+
+
+def test_solve_json_and_search_space_override() -> None:
+    code, out = run(
+        "solve", "gpt3-1.3b-nominal-8", "--method", "megatron-default", "--tp", "2", "--mb", "1,2", "--json",
+        "--time-limit", "20",
+    )  # fmt: skip
+    assert code == 0, out
+    plans = json.loads(out)
+    assert plans and all(p["tp"] == 2 and p["micro_batch_size"] in (1, 2) for p in plans)
+    assert all(p["fits"] for p in plans)
+    times = [p["iteration_time_s"] for p in plans]
+    assert times == sorted(times)
+
+
+def test_solve_says_what_would_make_it_fit(tmp_path: Path) -> None:
+    path = _instance(
+        tmp_path,
+        model="gpt3-175b",
+        cluster={"generator": {"kind": "v100-cube", "nodes": 2, "seed": 0}},
+        training={"global_batch_size": 16, "seq_length": 2048, "flash_attention_available": False},
+        search_space={"recompute": ["none"], "distributed_optimizer": [False]},
+    )
+    code, out = run("solve", str(path), "--method", "megatron-default")
+    assert code == 3, out
+    assert (
+        "nothing fits in memory" in out
+        and "GB more per GPU" in out
+        and "allow --recompute full" in out
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["solve", "--method", "nope"], "unknown method"),
+        (["solve", "--tp", "x"], "--tp='x'"),
+        (["solve", "--mb", "0"], "micro_batch_size"),
+        (["export", "/nonexistent.json"], "no such file"),
+        (["plot", "/nonexistent.json"], "give at least one output file"),
+    ],
+)
+def test_solve_export_bad_input(args: list[str], expected: str) -> None:
+    code, out = run(*args)
+    assert code in (2, 3), out
+    assert expected in out and "Traceback" not in out

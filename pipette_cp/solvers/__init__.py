@@ -7,7 +7,18 @@ with a :class:`~pipette_cp.specs.SolveInfo`.
 """
 
 # Importing the method modules registers them in METHODS.
-from pipette_cp.solvers import amp, baselines, pipette_sa, split
+from pipette_cp.solvers import amp, baselines, greedy, pipette_sa, placement, split
 from pipette_cp.solvers.base import METHODS, Method, SolveOptions, get_method
 
-__all__ = ["METHODS", "Method", "SolveOptions", "amp", "baselines", "get_method", "pipette_sa", "split"]
+__all__ = [
+    "METHODS",
+    "Method",
+    "SolveOptions",
+    "amp",
+    "baselines",
+    "get_method",
+    "greedy",
+    "pipette_sa",
+    "placement",
+    "split",
+]

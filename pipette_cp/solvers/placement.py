@@ -1,0 +1,288 @@
+"""Exact placement: methods ``cpsat`` and ``milp`` (layer split first, then placement).
+
+Problem (DESIGN.md section 4, "Placement"): put every unit (the tp ranks of one
+stage of one DP replica) on a tp-aligned GPU block of one node, minimising the
+analytic iteration time of :class:`~pipette_cp.cost.evaluate.Evaluator`
+through its placement-dependent terms: every boundary's slowest activation and
+gradient hop (with the weight the 1F1B / interleaved schedule gives it), every
+stage's DP ring in replica order, NIC sharing among concurrent flows, the
+tied-embedding pair and each stage's slowest TP block; never using a failed
+link and keeping every stage on GPUs whose memory fits it.  Several stages may
+share a node, a stage may span nodes.
+
+Method.
+1. Seeds: the greedy walk (:mod:`pipette_cp.solvers.greedy`), Megatron's order,
+   seeded random placements, Pipette's SA (large clusters only), each polished
+   by a critical-unit local search (:mod:`pipette_cp.solvers.placement_lns`).
+2. Bounds: per class (a boundary's hops, a stage's ring, the embedding pairs)
+   the cheapest value any placement can reach, and the dearest value any
+   placement as fast as the best seed can afford (reduced-cost fixing on the
+   cuts); pairs beyond it are forbidden (:mod:`pipette_cp.solvers.placement_kelley`).
+3. Kelley's cutting planes over one master model
+   (:mod:`pipette_cp.solvers.placement_model`), solved by CP-SAT or a MILP,
+   warm-started with the best placement so far; the cuts start at the seeds
+   and at the lower bound, and are added at every solution the master returns
+   until its bound meets the best placement (proven optimal).  Up to
+   :data:`EXACT_SIZE` the whole master is solved, with DP-ring rotation (and,
+   for symmetric links, reflection) symmetry broken; larger problems run LNS
+   on the same master with most units fixed.
+4. The result is re-scored by ``Evaluator(instance)`` next to every hint plan
+   that passes the checker, and the best is returned: never worse than a hint.
+
+Reported (:class:`~pipette_cp.specs.SolveInfo`): ``objective`` = that
+Evaluator's iteration time; ``bound`` = the master's proven bound (or the
+analytic one, for LNS) whenever it is valid for that Evaluator: when no node
+can hold two units of one stage (NCCL's two-level all-reduce, which the
+Evaluator's default may pick, is not in the master) and the cluster has one
+GPU type.  Otherwise ``bound`` and ``gap`` are ``None`` and the status is at
+best ``feasible``.  ``status``: ``optimal`` when the gap is at most
+:data:`~pipette_cp.solvers.placement_kelley.OPTIMALITY_GAP`, else ``feasible``;
+no placement at all raises :class:`~pipette_cp.errors.InfeasibleError`
+(proven) or :class:`~pipette_cp.errors.SolverTimeoutError` (time ran out).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import random
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+
+from pipette_cp.checker.checks import check_plan
+from pipette_cp.cost import comm
+from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.errors import InfeasibleError, LayoutError, PipetteError, SolverTimeoutError
+from pipette_cp.solvers.base import SolveOptions, register
+from pipette_cp.solvers.baselines import random_placement
+from pipette_cp.solvers.greedy import greedy_assignments, lay_out, node_costs, walk
+from pipette_cp.solvers.pipette_sa import pipette_sa
+from pipette_cp.solvers.placement_backend import Backend
+from pipette_cp.solvers.placement_build import build_placement_data
+from pipette_cp.solvers.placement_cpsat import CpSatBackend
+from pipette_cp.solvers.placement_data import PlacementData
+from pipette_cp.solvers.placement_kelley import (
+    OPTIMALITY_GAP,
+    CutPool,
+    bounds,
+    kelley,
+    lower_x,
+    worst_x,
+)
+from pipette_cp.solvers.placement_lns import failed_flows, lns, local_search
+from pipette_cp.solvers.placement_milp import MilpBackend
+from pipette_cp.specs import Instance, Plan, SolveInfo
+from pipette_cp.specs.layouts import megatron_placement
+
+#: Backends by name.
+BACKENDS: dict[str, Callable[[], Backend]] = {"cpsat": CpSatBackend, "milp": MilpBackend}
+#: Largest full master (sum over communicating unit pairs of |domain u| x |domain v|).
+EXACT_SIZE = 20_000
+#: Share of the time limit for seeds and their local search.
+SEED_SHARE = 0.1
+#: Share of the time limit the layer split may use.
+SPLIT_SHARE = 0.2
+#: Time kept at the end for re-scoring (s; at most 5 % of the limit).
+FINISH_RESERVE_S = 1.0
+#: Random seed placements tried.
+RANDOM_SEEDS = 16
+#: Cuts added up front at the best seeds (and half-way to the lower bound).
+SEED_CUTS = 12
+
+
+def master_size(data: PlacementData) -> int:
+    """Terms of the full master: sum over communicating unit pairs of the domain sizes."""
+    per_stage = data.allowed.sum(axis=1)
+    total = 0
+    for edges in data.edges().values():
+        for _, u, v in edges:
+            total += int(per_stage[data.stage_of(u)] * per_stage[data.stage_of(v)])
+    return total
+
+
+def two_level_possible(data: PlacementData) -> bool:
+    """Whether the Evaluator's ``best`` DP algorithm may differ from the ring: two
+    replicas of one stage can share a node."""
+    return data.plan.dp > 1 and data.multi
+
+
+def seed_plans(instance: Instance, plan: Plan, options: SolveOptions, sa_s: float) -> list[Plan]:
+    """Baseline plans used as hints: Megatron's order, random, Pipette's SA (if given time)."""
+    plans = [plan.model_copy(update={"placement": megatron_placement(plan.dp, plan.pp, plan.tp)})]
+    rng = random.Random(options.seed)
+    for _ in range(2):
+        placement = random_placement(instance.cluster, plan.dp, plan.pp, plan.tp, rng)
+        plans.append(plan.model_copy(update={"placement": placement}))
+    if sa_s > 0:
+        try:
+            sa = pipette_sa(instance, plan, replace(options, time_limit_s=sa_s))
+            plans.append(plan.model_copy(update={"placement": sa.placement}))
+        except LayoutError:
+            pass  # a layout Pipette cannot express
+    return plans
+
+
+def seed_assignments(
+    data: PlacementData, plans: list[Plan], options: SolveOptions, deadline: float
+) -> list[tuple[float, np.ndarray]]:
+    """Feasible seed assignments with their values, best first (after local search)."""
+    found = greedy_assignments(data, options.seed)
+    for hint in plans:
+        assign = data.assignment_of(hint.placement)
+        if assign is not None:
+            found.append((data.value(assign), assign))
+    rng = np.random.default_rng(options.seed)
+    slots = np.repeat(np.arange(data.num_places), data.capacity)
+    for _ in range(RANDOM_SEEDS):
+        assign = rng.permutation(slots)[: data.num_units]
+        if all(data.allowed[data.stage_of(u), p] for u, p in enumerate(assign)):
+            found.append((data.value(assign), assign))
+    if not any(np.isfinite(v) for v, _ in found):  # every candidate crosses a failed link
+        first = lay_out(data, walk(node_costs(data), 0, rng), ring_major=True)
+        found += [] if first is None else [(np.inf, first)]
+    if not found:
+        return []
+    feasible = sorted((item for item in found if np.isfinite(item[0])), key=lambda t: t[0])
+    starts = [a for _, a in feasible[:2]]
+    if not starts:  # repair the candidate with the fewest flows over failed links
+        starts = [min((a for _, a in found), key=lambda a: len(failed_flows(data, a)))]
+    for i, start in enumerate(starts):
+        share = (deadline - time.perf_counter()) / (len(starts) - i)
+        assign, value = local_search(data, start, time.perf_counter() + share, rng)
+        if np.isfinite(value):
+            feasible.append((value, assign))
+    feasible.sort(key=lambda item: item[0])
+    return feasible
+
+
+def solve_placement(
+    instance: Instance,
+    plan: Plan,
+    options: SolveOptions,
+    backend: str = "cpsat",
+    dp_algorithm: comm.Algorithm = "best",
+) -> Plan:
+    """The best placement of ``plan``'s degrees and split found within the time limit.
+
+    ``dp_algorithm`` is the final scorer's (``Evaluator(instance, dp_algorithm=...)``);
+    with ``"ring"`` the master is exact and its bound always valid.
+
+    Raises
+    ------
+    LayoutError
+        tp does not divide gpus_per_node, or too many units.
+    InfeasibleError
+        No placement avoids the failed links with every stage within memory.
+    SolverTimeoutError
+        No placement found within the time limit (the master never answered).
+    """
+    started = time.perf_counter()
+    # keep a little of the budget for re-scoring the result and the hints
+    deadline = started + options.time_limit_s - min(FINISH_RESERVE_S, 0.05 * options.time_limit_s)
+    data = build_placement_data(instance, plan)
+    if not data.allowed.any(axis=1).all():
+        raise InfeasibleError("some pipeline stage fits on no GPU type of the cluster (memory)")
+    exact = master_size(data) <= EXACT_SIZE
+    sa_s = 0.0 if exact else min(2.0, 0.05 * options.time_limit_s)
+    plans = seed_plans(instance, plan, options, sa_s)
+    seed_deadline = time.perf_counter() + SEED_SHARE * options.time_limit_s
+    seeds = seed_assignments(data, plans, options, seed_deadline)
+    if not seeds and not exact:  # the full master is too large to find one: keep repairing
+        more = time.perf_counter() + 0.5 * (deadline - time.perf_counter())
+        seeds = seed_assignments(data, plans, replace(options, seed=options.seed + 1), more)
+    if not seeds and not exact:
+        raise SolverTimeoutError("no placement avoiding the failed links found in the time limit")
+    best_value, best = seeds[0] if seeds else (float("inf"), None)
+    lx = lower_x(data)
+    upper = best_value if seeds else data.total_time_s(worst_x(data))
+    pool = CutPool(data, upper_s=upper)
+    pool.add_at(lx)
+    for _, assign in seeds[:SEED_CUTS]:
+        x = data.x_of(assign)
+        pool.add_at(x)
+        pool.add_at(lx + 0.5 * (x - lx))
+    bound = data.total_time_s(lx)
+    make = BACKENDS[backend]
+    full = [np.flatnonzero(data.allowed[data.stage_of(u)]) for u in range(data.num_units)]
+    if exact or best is None:  # no seed: only the full master can find (or refute) one
+        res = kelley(data, make, domains=full, start=best, pool=pool, deadline=deadline,
+                     workers=options.workers, seed=options.seed, symmetry=True, bound_s=bound)  # fmt: skip
+        best, best_value, bound = res.assign, res.value_s, max(bound, res.bound_s)
+    if not exact:
+        bound = max(bound, data.total_time_s(bounds(pool, best_value)[0]))
+        best, best_value, _ = lns(data, best, pool, make, deadline=deadline, seed=options.seed,
+                                  workers=options.workers, bound_s=bound)  # fmt: skip
+        bound = max(bound, data.total_time_s(bounds(pool, best_value)[0]))
+    scorer = Evaluator(instance, dp_algorithm=dp_algorithm)
+    # the master is exact for ring all-reduce, and its compute classes for one GPU type
+    valid = (dp_algorithm == "ring" or not two_level_possible(data)) and data.exact
+    return _finish(scorer, plan, data, best, bound if valid else None, plans, backend, started)
+
+
+def _finish(evaluator, plan, data, best, bound, plans, method, started) -> Plan:
+    """Re-score with the final evaluator; keep the best of the result and the hints
+    (``bound`` None: not valid for that evaluator)."""
+    candidate = plan.model_copy(update={"placement": data.placement(best), "evaluation": None})
+    scored = [(evaluator.iteration_time(candidate), 0, candidate)]
+    for i, hint in enumerate(plans, start=1):
+        if check_plan(evaluator.instance, hint):
+            continue  # a hint over a failed link, or out of memory
+        with contextlib.suppress(PipetteError):
+            scored.append((evaluator.iteration_time(hint), i, hint))
+    objective, _, chosen = min(scored, key=lambda item: (item[0], item[1]))
+    if bound is not None and objective < bound * (1 - OPTIMALITY_GAP):
+        bound = None  # a hint outside the master's space (e.g. unaligned TP groups) won
+    gap = None if bound is None else max(objective - bound, 0.0) / objective
+    status = "optimal" if gap is not None and gap <= OPTIMALITY_GAP else "feasible"
+    info = SolveInfo(
+        method=method,
+        status=status,
+        objective=objective,
+        bound=None if bound is None else min(bound, objective),
+        gap=gap,
+        wall_time_s=time.perf_counter() - started,
+    )
+    return chosen.model_copy(update={"evaluation": None, "solve_info": info})
+
+
+def _method(instance: Instance, skeleton: Plan, options: SolveOptions, backend: str) -> Plan:
+    """Optimal layer split (:mod:`pipette_cp.solvers.split`, when present) on a runnable
+    placement, then the placement for that split.
+
+    The split is costed on the skeleton's placement, or, when that one crosses a
+    failed link, on a placement solved first for the skeleton's split."""
+    started = time.perf_counter()
+    total = options.time_limit_s
+    plan = skeleton
+    try:
+        split = importlib.import_module("pipette_cp.solvers.split")
+    except ImportError:
+        split = None
+    if split is not None:
+        try:
+            Evaluator(instance).iteration_time(plan)
+        except PipetteError:
+            first = replace(options, time_limit_s=SPLIT_SHARE * total)
+            plan = solve_placement(instance, plan, first, backend)
+        share = replace(options, time_limit_s=SPLIT_SHARE * total)
+        plan = split.with_optimal_split(instance, plan, share, backend)
+    left = max(total - (time.perf_counter() - started), 0.2 * total)
+    result = solve_placement(instance, plan, replace(options, time_limit_s=left), backend)
+    assert result.solve_info is not None
+    info = result.solve_info.model_copy(update={"wall_time_s": time.perf_counter() - started})
+    return result.model_copy(update={"solve_info": info})
+
+
+@register("cpsat")
+def cpsat(instance: Instance, skeleton: Plan, options: SolveOptions) -> Plan:
+    """Optimal layer split, then the CP-SAT placement (see the module docstring)."""
+    return _method(instance, skeleton, options, "cpsat")
+
+
+@register("milp")
+def milp(instance: Instance, skeleton: Plan, options: SolveOptions) -> Plan:
+    """Optimal layer split, then the MILP placement (PuLP; see the module docstring)."""
+    return _method(instance, skeleton, options, "milp")

@@ -1,0 +1,152 @@
+"""Construction of :class:`~pipette_cp.solvers.placement_data.PlacementData`.
+
+Slots are the tp-aligned GPU blocks of each node; places are whole nodes when
+every node's slots are interchangeable (:func:`node_uniform`), else single
+slots.  Pair bandwidths, compute classes (GPU type x TP-link bandwidth of a
+place), memory feasibility and message sizes are computed here exactly as
+:class:`~pipette_cp.cost.evaluate.Evaluator` computes them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipette_cp.cost import comm
+from pipette_cp.cost.compute import chunk_times, optimizer_step_time_s
+from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.cost.memory import (
+    memory_by_stage,
+    padded_vocab_size,
+    stage_params_per_gpu,
+    usable_memory_bytes,
+)
+from pipette_cp.errors import InfeasibleError, LayoutError
+from pipette_cp.solvers.placement_data import PlacementData
+from pipette_cp.specs import Instance, Plan
+from pipette_cp.units import BYTES_PER_ELEMENT
+
+
+def _slots(instance: Instance, tp: int) -> np.ndarray:
+    c = instance.cluster
+    per = c.gpus_per_node // tp
+    return np.arange(c.num_gpus).reshape(c.num_nodes * per, tp)
+
+
+def node_uniform(instance: Instance) -> bool:
+    """Whether every node pair's GPU block, and every node's off-diagonal block, is constant."""
+    c = instance.cluster
+    n, g = c.num_nodes, c.gpus_per_node
+    blocks = c.bandwidth_bytes_per_s.reshape(n, g, n, g).transpose(0, 2, 1, 3)
+    same = blocks == blocks[:, :, :1, :1]
+    diag = np.arange(n)
+    if g > 1:
+        intra = blocks[diag, diag]
+        same[diag, diag] = (intra == intra[:, :1, 1:2]) | np.eye(g, dtype=bool)
+    return bool(same.all())
+
+
+def build_placement_data(
+    instance: Instance, plan: Plan, evaluator: Evaluator | None = None
+) -> PlacementData:
+    """Slots, places, pair costs and compute classes of ``plan``'s degrees and split.
+
+    Raises
+    ------
+    LayoutError
+        ``tp`` does not divide ``gpus_per_node``, or the plan needs more units
+        than there are slots.
+    """
+    c, tp, pp, dp = instance.cluster, plan.tp, plan.pp, plan.dp
+    if c.gpus_per_node % tp:
+        raise LayoutError(
+            "plan.tp", tp, f"tp={tp} does not divide gpus_per_node={c.gpus_per_node}: "
+            "placement slots are tp-aligned blocks of one node",
+        )  # fmt: skip
+    ev = evaluator or Evaluator(instance, dp_algorithm="ring", validate=False)
+    slots = _slots(instance, tp)
+    if pp * dp > len(slots):
+        raise LayoutError(
+            "plan.dp*pp", pp * dp, f"{pp * dp} units of tp={tp} but only {len(slots)} slots"
+        )
+    bw = c.bandwidth_bytes_per_s
+    nxt = np.roll(slots, -1, axis=1)
+    tp_bw = bw[slots, nxt].min(axis=1) if tp > 1 else np.full(len(slots), np.inf)
+    usable = tp_bw > 0
+    slot_node = slots[:, 0] // c.gpus_per_node
+    node_level = node_uniform(instance)
+    if node_level:
+        place_slots = [np.flatnonzero(usable & (slot_node == n)) for n in range(c.num_nodes)]
+        rep = np.array([s[0] if len(s) else n * (c.gpus_per_node // tp) for n, s in
+                        enumerate(place_slots)])  # fmt: skip
+    else:
+        place_slots = [np.array([s]) for s in np.flatnonzero(usable)]
+        rep = np.flatnonzero(usable)
+    capacity = np.array([len(s) for s in place_slots], dtype=np.int64)
+    if not capacity.any():
+        raise InfeasibleError("every tp-aligned GPU block has a failed link inside it")
+    place_node = slot_node[rep]
+    # pair bandwidth of two units: slowest of the tp rank-to-rank flows
+    pair = bw[slots[rep][:, None, :], slots[rep][None, :, :]].min(axis=2)
+    if node_level and c.gpus_per_node > 1:  # two slots of one node: any intra-node pair
+        g0 = place_node * c.gpus_per_node
+        pair[np.arange(len(rep)), np.arange(len(rep))] = bw[g0, g0 + 1]
+    cross = place_node[:, None] != place_node[None, :]
+    fabric = ev.fabric
+    share = np.where(cross, fabric.nic_capacity_bytes_per_s / tp, np.inf)
+    eff = np.minimum(pair, share)
+    with np.errstate(divide="ignore"):
+        inv_bw = np.where(eff > 0, 1.0 / eff, np.inf)
+    latency = np.where(cross, c.inter_node_latency_s, c.intra_node_latency_s)
+    return PlacementData(
+        instance=instance, plan=plan, evaluator=ev, slot_gpus=slots, place_slots=place_slots,
+        place_node=place_node, capacity=capacity, node_level=node_level, latency=latency,
+        cross=cross, inv_bw=inv_bw, nic_capacity=fabric.nic_capacity_bytes_per_s,
+        **_stage_tables(instance, plan, place_node, tp_bw[rep], capacity),
+    )  # fmt: skip
+
+
+def _stage_tables(
+    instance: Instance, plan: Plan, place_node: np.ndarray, place_bw: np.ndarray, capacity
+) -> dict:
+    """Compute classes, memory, message sizes (as the Evaluator computes them)."""
+    model, training, cluster = instance.model, instance.training, instance.cluster
+    types = [cluster.node_gpu_types[int(n)] for n in place_node]
+    peak = {name: gpu.peak_flops_per_s for name, gpu in cluster.gpu_types.items()}
+    bw_key = place_bw if plan.tp > 1 else np.zeros(len(place_bw))
+    keys = sorted({(peak[t], float(b), t) for t, b in zip(types, bw_key, strict=True)})
+    index = {(t, b): i for i, (_, b, t) in enumerate(keys)}
+    place_class = np.array([index[(t, float(b))] for t, b in zip(types, bw_key, strict=True)])
+    fwd, bwd, opt = [], [], []
+    for _, b, t in keys:
+        gpu = cluster.gpu_types[t]
+        times = chunk_times(model, training, gpu, plan, b, None)
+        fwd.append(times.forward_s)
+        bwd.append(times.backward_s)
+        opt.append([optimizer_step_time_s(model, training, gpu, plan, s) for s in range(plan.pp)])
+    fwd_a, bwd_a, opt_a = np.array(fwd), np.array(bwd), np.array(opt)
+    monotone = all((np.diff(a, axis=0) <= 1e-15).all() for a in (fwd_a, bwd_a, opt_a))
+    # a stage takes the slowest GPU type and the slowest TP link of its units: one class
+    # of the sorted list only when a single GPU type (or a single TP bandwidth) exists
+    single = len({t for *_, t in keys}) == 1 or len({b for _, b, _ in keys}) == 1
+    memory = np.array([m.total_bytes for m in memory_by_stage(model, training, plan)])
+    usable = np.array([usable_memory_bytes(cluster.gpu_types[t]) for t in types])
+    allowed = (memory[:, None] <= usable[None, :]) & (capacity > 0)[None, :]
+    elem = BYTES_PER_ELEMENT[training.precision]
+    grad = 4.0 if training.precision == "bf16" else float(elem)
+    dp = plan.dp
+    params = np.array([stage_params_per_gpu(model, plan, s) for s in range(plan.pp)])
+    sync = comm._RING_FACTOR["reduce_scatter" if plan.distributed_optimizer else "all_reduce"]
+    gather_on = plan.distributed_optimizer and not training.overlap_param_gather
+    act = training.seq_length * plan.micro_batch_size * model.hidden_size * elem
+    emb = padded_vocab_size(model, plan.tp) * model.hidden_size / plan.tp * grad
+    return {
+        "allowed": allowed, "place_class": place_class, "class_forward": fwd_a,
+        "class_backward": bwd_a, "class_optimizer": opt_a, "exact": monotone and single,
+        "act_bytes": act / (plan.tp if plan.sequence_parallel else 1),
+        # ring: factor (D-1)/D x bytes / slowest link (Patarasuk & Yuan 2009), as comm
+        "ring_bytes": sync * (dp - 1) / dp * params * grad,
+        "gather_ratio": (elem / (sync * grad)) if gather_on else 0.0,
+        "sync_factor": sync * (dp - 1), "gather_factor": (dp - 1.0) if gather_on else 0.0,
+        # tied-embedding all-reduce over a pair: 2 (2-1)/2 bytes / slowest link
+        "emb_bytes": emb,
+    }  # fmt: skip

@@ -1,0 +1,288 @@
+"""What every placement method needs, built once per (instance, skeleton plan).
+
+Vocabulary (STYLE.md): a *unit* is the ``tp`` ranks of one stage of one DP
+replica (index ``stage * dp + replica``, as ``Plan.placement``); a *slot* is
+a tp-aligned block ``[k tp, (k + 1) tp)`` of one node's GPUs; a *place* is
+what a unit is assigned to.  When every node's slots are interchangeable
+(uniform links inside the node, and every GPU pair of two nodes with the same
+bandwidth: true of all generated and measured clusters but the DGX-1 cube
+mesh) a place is a whole node holding up to ``gpus_per_node / tp`` units,
+which makes the models much smaller; otherwise a place is one slot.
+
+The master problems of :mod:`pipette_cp.solvers.placement_model` see the
+iteration time through a vector ``x`` of placement-dependent inputs (see
+:class:`XIndex`); :meth:`PlacementData.total_time_s` maps ``x`` to the
+analytic iteration time with the same functions the Evaluator uses
+(:func:`~pipette_cp.cost.pipeline.pipeline_times`,
+:func:`~pipette_cp.cost.pipeline.finish_iteration`), and
+:meth:`PlacementData.x_of` reads ``x`` off the Evaluator's own
+:meth:`~pipette_cp.cost.evaluate.Evaluator.pipeline_inputs` of a placement,
+with DP rings in replica order (``dp_algorithm="ring"``).  So the master's
+objective and the Evaluator agree by construction, and the tests check it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipette_cp.cost.evaluate import Evaluator, num_micro_batches
+from pipette_cp.cost.pipeline import PipelineInputs, finish_iteration, pipeline_times
+from pipette_cp.errors import InfeasibleError
+from pipette_cp.specs import Instance, Plan
+
+
+@dataclass(frozen=True)
+class XIndex:
+    """Positions of the master's inputs in ``x`` (all times in s, all >= 0).
+
+    ``hf[s]``, ``hb[s]``: activation / gradient hop of boundary ``s`` (slowest
+    replica and tp rank); ``ring[s]``: bandwidth part of stage ``s``'s DP
+    gradient sync, ``2 (D-1)/D bytes / slowest ring link`` (reduce-scatter:
+    half); ``cross[s]`` (0/1): whether that ring leaves a node (its latency is
+    then the inter-node one); ``emb``: tied-embedding all-reduce;
+    ``worse[s, c]`` (0/1): stage ``s`` holds a unit on a place of compute
+    class ``<= c`` (classes sorted slowest first).
+    """
+
+    hf: np.ndarray
+    hb: np.ndarray
+    ring: np.ndarray
+    cross: np.ndarray
+    emb: int | None
+    worse: np.ndarray
+    size: int
+
+    @classmethod
+    def make(cls, hops: int, stages: int, rings: bool, emb: bool, classes: int) -> XIndex:
+        pos = 0
+
+        def take(n: int) -> np.ndarray:
+            nonlocal pos
+            out = np.arange(pos, pos + n)
+            pos += n
+            return out
+
+        hf, hb = take(hops), take(hops)
+        ring, cross = take(stages if rings else 0), take(stages if rings else 0)
+        e = int(take(1)[0]) if emb else None
+        worse = take(stages * (classes - 1)).reshape(stages, classes - 1)
+        return cls(hf, hb, ring, cross, e, worse, pos)
+
+    @property
+    def booleans(self) -> np.ndarray:
+        """Positions holding 0/1 indicators (their cut coefficients are in s)."""
+        return np.concatenate((self.cross, self.worse.ravel())).astype(int)
+
+
+@dataclass(eq=False)
+class PlacementData:
+    """Slots, places, pairwise costs and the iteration-time function of one problem.
+
+    Build with :func:`build_placement_data`.  Place arrays are indexed by place;
+    ``inv_bw[p, q]`` is ``1 / bandwidth`` of one flow from a unit on ``p`` to one
+    on ``q`` with the NIC share of one unit folded in (``inf`` = failed pair);
+    on a node place, ``inv_bw[p, p]`` is the link between two of its slots.
+    """
+
+    instance: Instance
+    plan: Plan
+    evaluator: Evaluator
+    slot_gpus: np.ndarray
+    place_slots: list[np.ndarray]
+    place_node: np.ndarray
+    capacity: np.ndarray
+    node_level: bool
+    latency: np.ndarray
+    cross: np.ndarray
+    inv_bw: np.ndarray
+    allowed: np.ndarray
+    place_class: np.ndarray
+    class_forward: np.ndarray
+    class_backward: np.ndarray
+    class_optimizer: np.ndarray
+    exact: bool
+    act_bytes: float
+    ring_bytes: np.ndarray
+    gather_ratio: float
+    sync_factor: float
+    gather_factor: float
+    emb_bytes: float
+    nic_capacity: float
+    xi: XIndex = field(init=False)
+
+    def __post_init__(self) -> None:
+        p = self.plan
+        self.xi = XIndex.make(self.hops, p.pp, p.dp > 1, self.tied, len(self.class_forward))
+
+    # ------------------------------------------------------------ shapes
+    @property
+    def num_units(self) -> int:
+        return self.plan.pp * self.plan.dp
+
+    @property
+    def num_places(self) -> int:
+        return len(self.place_node)
+
+    @property
+    def hops(self) -> int:
+        """Pipeline boundaries with traffic: pp - 1, or pp when interleaved (last -> 0)."""
+        return self.plan.pp if self.plan.vpp > 1 else self.plan.pp - 1
+
+    @property
+    def tied(self) -> bool:
+        return bool(self.instance.model.tied_embeddings and self.plan.pp > 1)
+
+    @property
+    def multi(self) -> bool:
+        """Whether a node can hold two units (then NIC shares depend on the placement)."""
+        per_node = np.bincount(self.place_node, weights=self.capacity)
+        return bool(per_node.max(initial=0) >= 2)
+
+    def stage_of(self, unit: int) -> int:
+        return unit // self.plan.dp
+
+    def edges(self) -> dict[str, list[tuple[int, int, int]]]:
+        """Unit pairs ``(index, u, v)`` that exchange data, by family.
+
+        ``hop``: index = boundary ``s``, ``u`` on stage ``s``, ``v`` on the next
+        stage (activations ``u -> v``, gradients ``v -> u``); ``ring``: index =
+        stage, ``u -> v`` one link of the DP ring in replica order; ``emb``:
+        first and last stage of a replica (both directions)."""
+        pp, dp = self.plan.pp, self.plan.dp
+        hop = [(s, s * dp + r, (s + 1) % pp * dp + r) for s in range(self.hops) for r in range(dp)]
+        ring = [(s, s * dp + r, s * dp + (r + 1) % dp) for s in range(pp) for r in range(dp)]
+        ring = ring if dp > 1 else []
+        emb = [(0, r, (pp - 1) * dp + r) for r in range(dp)] if self.tied else []
+        return {"hop": hop, "ring": ring, "emb": emb}
+
+    # ------------------------------------------------------------ pair costs (s)
+    def hop_cost(self) -> np.ndarray:
+        """Activation flow p -> q alone with one unit's NIC share: latency + bytes / bw."""
+        return self.latency + self.act_bytes * self.inv_bw
+
+    def ring_cost(self, stage: int) -> np.ndarray:
+        """Bandwidth part of ``stage``'s DP sync if its slowest link is p -> q."""
+        if not self.ring_bytes[stage]:
+            return np.zeros_like(self.inv_bw)
+        return self.ring_bytes[stage] * self.inv_bw
+
+    def emb_cost(self) -> np.ndarray:
+        """Tied-embedding all-reduce between p and q (both directions)."""
+        return self.emb_bytes * np.maximum(self.inv_bw, self.inv_bw.T) + 2.0 * self.latency
+
+    # ------------------------------------------------------------ assignments
+    def realise(self, assign: np.ndarray) -> np.ndarray:
+        """GPUs as a (pp, dp, tp) array: the units of a place take its slots in unit order."""
+        assign = np.asarray(assign, dtype=np.int64)
+        used = np.zeros(self.num_places, dtype=np.int64)
+        out = np.empty((self.num_units, self.plan.tp), dtype=np.int64)
+        for u, p in enumerate(assign):
+            if used[p] >= self.capacity[p]:
+                raise InfeasibleError(f"place {p} holds more than its {self.capacity[p]} units")
+            out[u] = self.slot_gpus[self.place_slots[p][used[p]]]
+            used[p] += 1
+        return out.reshape(self.plan.pp, self.plan.dp, self.plan.tp)
+
+    def placement(self, assign: np.ndarray) -> tuple[tuple[int, ...], ...]:
+        """``Plan.placement`` of an assignment."""
+        gpus = self.realise(assign).reshape(self.num_units, self.plan.tp)
+        return tuple(tuple(int(g) for g in unit) for unit in gpus)
+
+    def assignment_of(self, placement: tuple[tuple[int, ...], ...]) -> np.ndarray | None:
+        """The places of a plan's units, or None if some unit is not on one (a
+        non-aligned GPU group where places are slots, a unit across nodes...)."""
+        g = self.instance.cluster.gpus_per_node
+        out = np.empty(self.num_units, dtype=np.int64)
+        if self.node_level:
+            by_node = {int(self.place_node[p]): p for p in range(self.num_places)}
+        else:
+            by_slot = {tuple(self.slot_gpus[s]): s for s in range(len(self.slot_gpus))}
+            slot_place = {int(sl): p for p, sls in enumerate(self.place_slots) for sl in sls}
+        for u, unit in enumerate(placement):
+            nodes = {x // g for x in unit}
+            if len(nodes) != 1 or len(unit) != self.plan.tp:
+                return None
+            if self.node_level:
+                place = by_node.get(nodes.pop())
+            else:
+                slot = by_slot.get(tuple(unit))
+                place = None if slot is None else slot_place.get(slot)
+            if place is None or not self.allowed[self.stage_of(u), place]:
+                return None
+            out[u] = place
+        counts = np.bincount(out, minlength=self.num_places)
+        return out if (counts <= self.capacity).all() else None
+
+    def worst_class(self, assign: np.ndarray) -> np.ndarray:
+        """Slowest compute class (index, 0 = slowest) among each stage's units."""
+        return self.place_class[np.asarray(assign)].reshape(self.plan.pp, -1).min(axis=1)
+
+    def x_of(self, assign: np.ndarray) -> np.ndarray:
+        """The master's inputs of an assignment, read off the Evaluator (ring DP).
+
+        Raises :class:`InfeasibleError` when it sends data over a failed pair."""
+        gpus = self.realise(assign)
+        inputs, _ = self.evaluator.pipeline_inputs(self.plan, gpus)
+        xi, x = self.xi, np.zeros(self.xi.size)
+        x[xi.hf] = inputs.fwd_hop_s[: self.hops]
+        x[xi.hb] = inputs.bwd_hop_s[: self.hops]
+        if self.plan.dp > 1:
+            nodes = self.place_node[np.asarray(assign)].reshape(self.plan.pp, self.plan.dp)
+            crosses = (nodes != np.roll(nodes, -1, axis=1)).any(axis=1)
+            x[xi.cross] = crosses
+            x[xi.ring] = inputs.dp_sync_s - self.sync_factor * self._ring_latency(x[xi.cross])
+        if xi.emb is not None:
+            x[xi.emb] = inputs.embedding_sync_s
+        worst = self.worst_class(assign)
+        if xi.worse.size:
+            x[xi.worse] = np.arange(xi.worse.shape[1])[None, :] >= worst[:, None]
+        return x
+
+    def value(self, assign: np.ndarray) -> float:
+        """Iteration time of an assignment under the master's model (inf if infeasible)."""
+        try:
+            return self.total_time_s(self.x_of(assign))
+        except InfeasibleError:
+            return float("inf")
+
+    # ------------------------------------------------------------ x -> time
+    def _ring_latency(self, cross: np.ndarray) -> np.ndarray:
+        c = self.instance.cluster
+        return c.intra_node_latency_s + (c.inter_node_latency_s - c.intra_node_latency_s) * cross
+
+    def pipeline_inputs(self, x: np.ndarray) -> PipelineInputs:
+        """Schedule inputs with the placement-dependent parts taken from ``x``."""
+        plan, xi = self.plan, self.xi
+        pp, vpp = plan.pp, plan.vpp
+        fwd, bwd = np.zeros(pp), np.zeros(pp)
+        fwd[: self.hops], bwd[: self.hops] = x[xi.hf], x[xi.hb]
+        forward, backward = self.class_forward[-1].copy(), self.class_backward[-1].copy()
+        optimizer = self.class_optimizer[-1].copy()
+        rows = np.arange(pp * vpp) % pp
+        for c in range(xi.worse.shape[1]):
+            w = x[xi.worse[:, c]]  # ladder: class c minus class c + 1, where stage is <= c
+            forward += w[rows] * (self.class_forward[c] - self.class_forward[c + 1])
+            backward += w[rows] * (self.class_backward[c] - self.class_backward[c + 1])
+            optimizer += w * (self.class_optimizer[c] - self.class_optimizer[c + 1])
+        sync = gather = np.zeros(pp)
+        if plan.dp > 1:
+            lat = self._ring_latency(x[xi.cross])
+            sync = x[xi.ring] + self.sync_factor * lat
+            gather = self.gather_ratio * x[xi.ring] + self.gather_factor * lat
+        training = self.instance.training
+        return PipelineInputs(
+            pp=pp, vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b",
+            num_micro_batches=num_micro_batches(self.instance, plan), forward_s=forward,
+            backward_s=backward, fwd_hop_s=fwd, bwd_hop_s=bwd, dp_sync_s=sync,
+            overlap_grad_reduce=training.overlap_grad_reduce,
+            embedding_sync_s=float(x[xi.emb]) if xi.emb is not None else 0.0,
+            optimizer_s=optimizer, param_gather_s=gather,
+        )  # fmt: skip
+
+    def total_time_s(self, x: np.ndarray) -> float:
+        """Analytic iteration time (as :meth:`Evaluator.evaluate`) for inputs ``x``."""
+        inputs = self.pipeline_inputs(np.asarray(x, dtype=float))
+        times = pipeline_times(inputs)
+        return finish_iteration(inputs, times.stage_end_s, times.last_backward_s).total_s

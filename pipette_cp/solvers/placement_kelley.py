@@ -1,0 +1,280 @@
+"""Kelley's cutting-plane loop over the placement master, and the analytic bound.
+
+The iteration time is a convex, non-decreasing, piecewise-linear function
+``f(x)`` of the placement-dependent inputs ``x``
+(:mod:`pipette_cp.solvers.placement_data`), so the master minimises ``t``
+subject to cuts ``t >= f(x_k) + g_k (x - x_k)`` (:func:`supporting_cut`, Kelley
+1960) at the inputs ``x_k`` of the placements found so far.  Every cut
+under-estimates ``f``, so the master's optimum is a lower bound; a placement
+whose true ``f`` meets that bound is optimal.  Each round re-solves the master
+warm-started with the best placement so far (never worse than its hint).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipette_cp.errors import InfeasibleError, SolverTimeoutError
+from pipette_cp.solvers.cuts import supporting_cut
+from pipette_cp.solvers.placement_backend import Backend
+from pipette_cp.solvers.placement_data import PlacementData
+from pipette_cp.solvers.placement_model import PlacementModel
+
+#: Relative gap under which a placement counts as optimal (the master works in
+#: 1 ns quanta, so closer is rounding noise).
+OPTIMALITY_GAP = 1e-6
+#: Cut gradients of time inputs are snapped to multiples of 1 / CUT_GRID.
+CUT_GRID = 64
+#: Recorded solutions of a master solve that also get a cut.
+MORE_CUTS = 8
+#: Largest number of places for which the ring connectivity bound is computed.
+RING_BOUND_PLACES = 1024
+
+
+@dataclass
+class CutPool:
+    """Snapped cuts ``(intercept_s, gradient)``, shared by every master of one problem."""
+
+    data: PlacementData
+    upper_s: float
+    cuts: list[tuple[float, np.ndarray]] = field(default_factory=list)
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+
+    def add_at(self, x: np.ndarray) -> tuple[float, np.ndarray]:
+        """Add (and return) the snapped supporting cut of ``f`` at ``x``."""
+        cut = supporting_cut(self.data.total_time_s, x, rng=self.rng)
+        intercept, g = cut.intercept, cut.gradient.copy()
+        ub = np.full(g.shape, 2.0 * self.upper_s)  # time inputs of any improving plan
+        booleans = self.data.xi.booleans
+        ub[booleans] = 1.0
+        # f is non-decreasing: a negative gradient is finite-difference noise
+        intercept += float(np.minimum(g, 0.0) @ ub)
+        g = np.maximum(g, 0.0)
+        timed = np.ones(g.shape, dtype=bool)
+        timed[booleans] = False
+        scaled = g[timed] * CUT_GRID
+        near = np.round(scaled)
+        snapped = np.where(np.abs(scaled - near) < 1e-4, near, np.floor(scaled)) / CUT_GRID
+        raise_by = np.maximum(snapped - g[timed], 0.0)
+        intercept -= float(raise_by @ ub[timed])  # stays below f wherever x <= ub
+        g[timed] = snapped
+        self.cuts.append((intercept, g))
+        return intercept, g
+
+
+def class_costs(data: PlacementData) -> list[tuple[int, np.ndarray, int, int]]:
+    """``(position in x, pair cost matrix, stage of u, stage of v)`` of every class."""
+    d, xi, pp = data, data.xi, data.plan.pp
+    out = []
+    bwd = d.latency + d.act_bytes * d.inv_bw.T
+    for s in range(d.hops):
+        out += [
+            (int(xi.hf[s]), d.hop_cost(), s, (s + 1) % pp),
+            (int(xi.hb[s]), bwd, s, (s + 1) % pp),
+        ]
+    if d.plan.dp > 1:
+        out += [(int(xi.ring[s]), d.ring_cost(s), s, s) for s in range(pp)]
+    if xi.emb is not None:
+        out.append((xi.emb, d.emb_cost(), 0, pp - 1))
+    return out
+
+
+def ring_bound(cost: np.ndarray, capacity: np.ndarray, size: int) -> float:
+    """Least possible slowest link of a ring of ``size`` units over places with ``cost``.
+
+    The ring's places either are one place holding all of it (its own cost on the
+    diagonal) or must be connected by its links; joining pairs cheapest first
+    (Kruskal, each pair at its cheaper direction), no ring can be cheaper than the
+    pair at which some group of places first holds ``size`` units."""
+    n = len(capacity)
+    single = np.where(capacity >= size, np.diagonal(cost), np.inf)
+    best = float(single.min(initial=np.inf))
+    both = np.minimum(cost, cost.T)
+    i, j = np.triu_indices(n, k=1)
+    values = both[i, j]
+    keep = np.isfinite(values) & (values < best)
+    order = np.argsort(values[keep], kind="stable")
+    parent, held = np.arange(n), capacity.astype(np.int64).copy()
+
+    def root(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    for a, b, v in zip(i[keep][order], j[keep][order], values[keep][order], strict=True):
+        ra, rb = root(int(a)), root(int(b))
+        if ra != rb:
+            parent[rb] = ra
+            held[ra] += held[rb]
+            if held[ra] >= size:
+                return float(v)
+    return best if np.isfinite(best) else 0.0
+
+
+def lower_x(data: PlacementData, upper: np.ndarray | None = None) -> np.ndarray:
+    """Inputs no placement can beat, one class at a time (so ``f`` of it bounds
+    every placement, ``f`` being non-decreasing).
+
+    Each class (a boundary's hops, a stage's ring, the embedding pairs) has ``dp``
+    flows from distinct units; each unit's cheapest flow is at least the cheapest
+    pair from its place, and ``dp`` units fill at least the ``dp`` cheapest places
+    (counted with their capacity): the class maximum is at least the ``dp``-th
+    smallest of those row minima (and of the column minima).  Pairs costlier than
+    ``upper`` (a class's largest value in any improving placement) are left out."""
+    d, dp = data, data.plan.dp
+    x = np.zeros(d.xi.size)
+    for i, cost, a, b in class_costs(d):
+        rows, cols = np.flatnonzero(d.allowed[a]), np.flatnonzero(d.allowed[b])
+        c = cost[np.ix_(rows, cols)].copy()
+        c[(rows[:, None] == cols[None, :]) & (d.capacity[rows] < 2)[:, None]] = np.inf
+        if upper is not None:
+            c[c > upper[i]] = np.inf
+        for mins, places in ((c.min(axis=1), rows), (c.min(axis=0), cols)):
+            ranked = np.sort(np.repeat(mins, d.capacity[places]))
+            value = float(ranked[min(dp, len(ranked)) - 1])
+            x[i] = max(x[i], value if np.isfinite(value) else 0.0)
+        if a == b and len(rows) <= RING_BOUND_PLACES:  # a DP ring: it must connect its places
+            x[i] = max(x[i], ring_bound(c, d.capacity[rows], dp))
+    if dp > 1:
+        x[d.xi.cross] = 0.0 if d.multi else 1.0
+    return x
+
+
+def worst_x(data: PlacementData) -> np.ndarray:
+    """Inputs no placement exceeds: each class at its dearest usable pair or at a whole
+    node's flows sharing its NICs; every indicator at 1.  ``f`` of it bounds every
+    placement from above."""
+    x = np.ones(data.xi.size)
+    g = data.instance.cluster.gpus_per_node
+    share = g / data.nic_capacity
+    lat = data.instance.cluster.inter_node_latency_s
+    for i, cost, _, _ in class_costs(data):
+        x[i] = float(cost[np.isfinite(cost)].max(initial=0.0))
+    for i in (*data.xi.hf, *data.xi.hb):
+        x[i] = max(x[i], lat + data.act_bytes * share)
+    for s, i in enumerate(data.xi.ring):
+        x[i] = max(x[i], data.ring_bytes[s] * share)
+    if data.xi.emb is not None:
+        x[data.xi.emb] = max(x[data.xi.emb], 2 * lat + data.emb_bytes * share)
+    return x
+
+
+def upper_x(pool: CutPool, lower: np.ndarray, upper_s: float) -> np.ndarray:
+    """Largest value of each input in any placement no slower than ``upper_s``.
+
+    Every cut ``t >= a + g x`` with the other inputs at their lower bounds gives
+    ``x_i <= lower_i + (upper_s - a - g lower) / g_i`` (reduced-cost fixing); an
+    indicator whose coefficient exceeds the slack must be 0."""
+    ux = np.full(lower.shape, np.inf)
+    booleans = pool.data.xi.booleans
+    ux[booleans] = 1.0
+    margin = 1e-9 * upper_s + 1e-12
+    for a, g in pool.cuts:
+        slack = upper_s - a - float(g @ lower) + margin
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cap = np.where(g > 0, lower + slack / g, np.inf)
+        ux = np.minimum(ux, cap)
+    ux[booleans] = np.where(ux[booleans] >= 1.0, 1.0, 0.0)
+    return np.maximum(ux, lower)
+
+
+def bounds(pool: CutPool, upper_s: float, rounds: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """Lower and upper inputs for placements no slower than ``upper_s``, tightened in turn."""
+    lx = lower_x(pool.data)
+    ux = upper_x(pool, lx, upper_s)
+    for _ in range(rounds):
+        lx = np.maximum(lx, lower_x(pool.data, ux))
+        ux = upper_x(pool, lx, upper_s)
+    return lx, ux
+
+
+@dataclass
+class KelleyResult:
+    """Best assignment, its value, the proven bound, status and rounds."""
+
+    assign: np.ndarray
+    value_s: float
+    bound_s: float
+    status: str
+    rounds: int
+    wall_time_s: float
+
+
+def kelley(
+    data: PlacementData,
+    make_backend: Callable[[], Backend],
+    *,
+    domains: list[np.ndarray],
+    start: np.ndarray | None,
+    pool: CutPool,
+    deadline: float,
+    workers: int = 1,
+    seed: int = 0,
+    symmetry: bool = True,
+    bound_s: float = 0.0,
+) -> KelleyResult:
+    """Cutting-plane loop on the master restricted to ``domains``, from ``start``.
+
+    Returns the best assignment found (``start`` if nothing better) and a bound
+    valid for the restricted problem.  Raises :class:`InfeasibleError` when the
+    master is infeasible and no start is given, :class:`SolverTimeoutError`
+    when the time runs out before any placement is known.
+    """
+    started = time.perf_counter()
+    best = None if start is None else np.asarray(start)
+    ub = np.inf if best is None else data.value(best)
+    if best is not None and np.isfinite(ub):
+        pool.add_at(data.x_of(best))
+    upper = ub if np.isfinite(ub) else pool.upper_s
+    lx, ux = bounds(pool, upper)
+    bound_s = max(bound_s, data.total_time_s(lx)) if np.isfinite(ub) else bound_s
+    model = PlacementModel(data, make_backend(), domains, lx, ux, upper * (1 + 1e-9) + 1e-6,
+                           symmetry=symmetry)  # fmt: skip
+    for k, (a, g) in enumerate(pool.cuts):
+        model.add_cut(a, g, f"cut_{k}")
+    lb, status, rounds = bound_s, "unknown", 0
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0.05:
+            break
+        if best is not None and np.isfinite(ub):
+            model.set_hint(model.canonical(best) if symmetry else best)
+        res = model.b.solve(left, workers, seed)
+        rounds += 1
+        if res.status in ("infeasible", "invalid"):
+            if best is None:
+                raise InfeasibleError("no placement avoids the failed links and fits in memory")
+            lb, status = max(lb, ub), "optimal"  # nothing below the incumbent
+            break
+        if res.status == "unknown":
+            break
+        lb = max(lb, res.bound_s or 0.0)
+        assign = model.extract()
+        found = [assign, *model.recorded(res.solutions[-MORE_CUTS:])]
+        for other in found:
+            value = data.value(other)
+            if value < ub:
+                best, ub = other, value
+        if ub - lb <= OPTIMALITY_GAP * ub:
+            status = "optimal"
+            break
+        if res.status != "optimal":
+            status = "feasible"
+            break
+        seen = set()
+        for other in found:  # cuts where the master under-estimates its own solutions
+            key = other.tobytes()
+            if key not in seen:
+                seen.add(key)
+                a, g = pool.add_at(data.x_of(other))
+                model.add_cut(a, g, f"cut_{len(pool.cuts)}")
+    if best is None:
+        raise SolverTimeoutError("the placement master found no placement within the time limit")
+    if status == "unknown":
+        status = "optimal" if ub - lb <= OPTIMALITY_GAP * ub else "feasible"
+    return KelleyResult(best, ub, min(lb, ub), status, rounds, time.perf_counter() - started)
