@@ -39,7 +39,9 @@ def cli_surface() -> dict[str, list[str]]:
 @pytest.mark.parametrize("spec", SCHEMA_SPECS, ids=lambda s: s.__name__)
 def test_published_schema_matches_the_code(spec: type) -> None:
     published = json.loads((SCHEMAS / f"{spec.__name__}.schema.json").read_text())
-    assert published == spec.model_json_schema(), "regenerate: pipette-cp schema -o pipette_cp/schemas"
+    assert published == spec.model_json_schema(), (
+        "regenerate: pipette-cp schema -o pipette_cp/schemas"
+    )
 
 
 def test_cli_surface_is_pinned() -> None:
