@@ -15,7 +15,7 @@ def solve(
     *,
     method: str = "cpsat",
     top_k: int = 5,
-    time_limit_s: float = 60.0,
+    time_limit_s: float | None = None,
     seed: int = 0,
     space: SearchSpace | None = None,
     progress: Progress | None = None,
@@ -30,8 +30,9 @@ def solve(
         Split/placement method from :data:`pipette_cp.solvers.METHODS`
         (``cpsat``, ``milp``, ``greedy``, ``pipette-sa``, ``amp``, ``megatron-default``, ...).
     top_k, time_limit_s, seed, space
-        Number of plans returned, total wall-clock budget, random seed, and an
-        optional override of the instance's search space.
+        Number of plans returned, total wall-clock budget (default: 0.12 s per GPU,
+        8-540 s, see :func:`pipette_cp.search.loop.default_time_limit_s`), random seed,
+        and an optional override of the instance's search space.
 
     Examples
     --------
@@ -59,7 +60,7 @@ def solve_with_stats(
     *,
     method: str = "cpsat",
     top_k: int = 5,
-    time_limit_s: float = 60.0,
+    time_limit_s: float | None = None,
     seed: int = 0,
     space: SearchSpace | None = None,
     progress: Progress | None = None,

@@ -32,6 +32,16 @@ from pipette_cp.specs import Instance, Plan, SearchSpace
 Progress = Callable[[str, int, int], None]
 
 
+#: Share of the budget the solves may use; the rest covers re-ranking and reporting.
+SOLVE_SHARE = 0.85
+
+
+def default_time_limit_s(instance: Instance) -> float:
+    """The default budget: 0.12 s per GPU, at least 8 s and at most 540 s (64 GPUs: 8 s,
+    512: 61 s, 1024: 123 s, 4096: 492 s), so the whole search ends in about that time."""
+    return float(min(540.0, max(8.0, 0.12 * instance.cluster.num_gpus)))
+
+
 @dataclass
 class SearchStats:
     """What the search did (for the report)."""
@@ -70,7 +80,7 @@ def search(
     *,
     method: str = "cpsat",
     top_k: int = 5,
-    time_limit_s: float = 60.0,
+    time_limit_s: float | None = None,
     seed: int = 0,
     space: SearchSpace | None = None,
     max_solves: int | None = None,
@@ -85,6 +95,8 @@ def search(
         what would make a layout fit.
     """
     start = time.perf_counter()
+    if time_limit_s is None:
+        time_limit_s = default_time_limit_s(instance)
     solve = get_method(method)
     notify = progress or (lambda phase, done, total: None)
     stats = SearchStats()
@@ -114,7 +126,16 @@ def search(
     survivors.sort(key=lambda item: item[0])
     candidates = _score(evaluator, survivors, stats, notify)
     plans = _solve_all(
-        instance, evaluator, candidates, solve, stats, notify, start, time_limit_s, seed, max_solves
+        instance,
+        evaluator,
+        candidates,
+        solve,
+        stats,
+        notify,
+        start,
+        SOLVE_SHARE * time_limit_s,
+        seed,
+        max_solves,
     )
     if not plans:
         raise InfeasibleError(_nothing_fits(instance, stats))
