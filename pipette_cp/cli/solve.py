@@ -48,8 +48,11 @@ def solve(
     ] = DEFAULT_INSTANCE,
     top: Annotated[int, typer.Option("--top", help="Plans to show.")] = 5,
     time_limit: Annotated[
-        float, typer.Option("--time-limit", help="Total wall-clock budget, s.")
-    ] = 60.0,
+        float | None,
+        typer.Option(
+            "--time-limit", help="Total wall-clock budget, s [default: 0.12 s per GPU, 8-540 s]."
+        ),
+    ] = None,
     method: Annotated[str, typer.Option(help="Split/placement method.")] = "cpsat",
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     tp: Annotated[str | None, typer.Option("--tp", help="Allowed tp sizes, e.g. 2,4,8.")] = None,
