@@ -7,7 +7,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from pipette_cp.api import solve_with_stats
 from pipette_cp.cli.app import app, console, err_console
@@ -83,7 +90,7 @@ def solve(
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=err_console, transient=True, disable=as_json) as bar:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
         def progress(phase: str, done: int, total: int) -> None:
             if phase not in tasks:

@@ -208,18 +208,24 @@ def _solve_all(
     return solved
 
 
+def _time(plan: Plan) -> float:
+    assert plan.evaluation is not None  # every plan of the search carries one
+    return plan.evaluation.iteration_time_s
+
+
 def _rerank(evaluator: Evaluator, plans: list[Plan], top_k: int, notify: Progress) -> list[Plan]:
     """Best ``top_k`` by the analytic model, re-ranked by the simulator."""
-    plans = sorted(plans, key=lambda p: p.evaluation.iteration_time_s)[: max(top_k, 1)]
+    plans = sorted(plans, key=_time)[: max(top_k, 1)]
     ranked = []
     for i, plan in enumerate(plans):
         notify("rerank", i + 1, len(plans))
         try:
-            simulated = evaluator.evaluate(plan, "simulator")
+            ranked.append(
+                plan.model_copy(update={"evaluation": evaluator.evaluate(plan, "simulator")})
+            )
         except PipetteError:
-            simulated = plan.evaluation
-        ranked.append(plan.model_copy(update={"evaluation": simulated}))
-    return sorted(ranked, key=lambda p: p.evaluation.iteration_time_s)
+            ranked.append(plan)
+    return sorted(ranked, key=_time)
 
 
 def _nothing_fits(instance: Instance, stats: SearchStats) -> str:
