@@ -167,12 +167,12 @@ def import_mpigraph(
     """Convert mpiGraph output (node pairs) into a cluster file."""
     if direction not in ("recv", "send"):
         raise SpecError("--direction", direction, "expected 'recv' or 'send'")
-    result = read_mpigraph(path)
-    matrix = LabelledMatrix(result.node_names, result.node_matrix(direction))  # type: ignore[arg-type]
-    settings = _settings(
-        matrix, gpu, gpus_per_node, nics_per_node, nic_gb_per_s, intra_gb_per_s, str(path)
-    )
-    _write(cluster_from_matrix(matrix, settings), out)
+
+    def read(p: Path) -> LabelledMatrix:
+        result = read_mpigraph(p)
+        return LabelledMatrix(result.node_names, result.node_matrix(direction))  # type: ignore[arg-type]
+
+    _import_matrix(read, path, out, gpu, gpus_per_node, nics_per_node, nic_gb_per_s, intra_gb_per_s)
 
 
 def _import_matrix(
