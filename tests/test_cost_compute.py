@@ -22,8 +22,9 @@ from pipette_cp.cost.compute import (
     tp_collective_time_s,
     wave_efficiency,
 )
-from pipette_cp.cost.profile import LayerProfile, load_layer_profile
 from pipette_cp.errors import InputFileError, SpecError
+from pipette_cp.io.profile_file import load_layer_profile
+from pipette_cp.specs import LayerProfile
 from pipette_cp.specs.gpu import resolve_gpu
 from pipette_cp.specs.layouts import make_plan
 from pipette_cp.specs.model import ModelSpec

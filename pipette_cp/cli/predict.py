@@ -10,11 +10,19 @@ from typing import Annotated
 import typer
 
 from pipette_cp.cli.app import app, console
+from pipette_cp.cli.options import (
+    ClusterOption,
+    GlobalBatchOption,
+    ModelOption,
+    ProfileOption,
+    SeqLengthOption,
+    resolve_instance,
+)
 from pipette_cp.cost.evaluate import evaluate
 from pipette_cp.cost.memory import memory_by_stage
 from pipette_cp.errors import LayoutError
 from pipette_cp.io.files import read_text
-from pipette_cp.io.instance_file import DEFAULT_INSTANCE, load_instance
+from pipette_cp.io.instance_file import DEFAULT_INSTANCE
 from pipette_cp.report.evaluation import evaluation_json, evaluation_table
 from pipette_cp.specs import Plan
 from pipette_cp.specs._base import spec_error_from
@@ -87,9 +95,17 @@ def predict(
         Predictor, typer.Option(help="Analytic model or schedule simulator.")
     ] = Predictor.analytic,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    model: ModelOption = None,
+    cluster: ClusterOption = None,
+    profile: ProfileOption = None,
+    global_batch: GlobalBatchOption = None,
+    seq_length: SeqLengthOption = None,
 ) -> None:
     """Predict iteration time, throughput, MFU and memory per stage of one layout."""
-    inst = load_instance(instance)
+    inst = resolve_instance(
+        instance, model=model, cluster=cluster, profile=profile,
+        global_batch=global_batch, seq_length=seq_length,
+    )  # fmt: skip
     gpus = inst.cluster.num_gpus
     if dp is None:
         if gpus % (tp * pp):

@@ -18,11 +18,21 @@ from rich.progress import (
 
 from pipette_cp.api import solve_with_stats
 from pipette_cp.cli.app import app, console, err_console
+from pipette_cp.cli.options import (
+    ClusterOption,
+    GlobalBatchOption,
+    ModelOption,
+    ProfileOption,
+    SeqLengthOption,
+    resolve_instance,
+)
 from pipette_cp.errors import SpecError
+from pipette_cp.io.cluster_file import cluster_to_mapping
+from pipette_cp.io.files import write_yaml
 from pipette_cp.io.instance_file import DEFAULT_INSTANCE, load_instance
 from pipette_cp.report.plans import plans_json, plans_table
 from pipette_cp.solvers import METHODS
-from pipette_cp.specs import SearchSpace, validate_spec
+from pipette_cp.specs import Instance, SearchSpace, validate_spec
 
 _PHASES = {
     "bounds": "bounding layouts",
@@ -73,11 +83,21 @@ def solve(
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Write the best plan (JSON).")
     ] = None,
+    model: ModelOption = None,
+    cluster: ClusterOption = None,
+    profile: ProfileOption = None,
+    global_batch: GlobalBatchOption = None,
+    seq_length: SeqLengthOption = None,
 ) -> None:
     """Find the fastest layouts that fit: degrees, knobs, layer split and GPU placement."""
     if method not in METHODS:
         raise SpecError("--method", method, f"unknown method; known: {', '.join(sorted(METHODS))}")
-    inst = load_instance(instance)
+    inst = resolve_instance(
+        instance, model=model, cluster=cluster, profile=profile,
+        global_batch=global_batch, seq_length=seq_length,
+    )  # fmt: skip
+    if inst.name != load_instance(instance).name or profile or global_batch or seq_length:
+        instance = str(_write_instance(inst, out, cluster, profile)) if out else inst.name
     space = _override(
         inst.search_space,
         tp=_ints("--tp", tp), pp=_ints("--pp", pp), dp=_ints("--dp", dp),
@@ -120,3 +140,21 @@ def solve(
         f"{s.wall_time_s:.1f} s" + (f"; best plan written to {out}" if out else ""),
         highlight=False,
     )
+
+
+def _write_instance(inst: Instance, out: Path, cluster: Path | None, profile: Path | None) -> Path:
+    """Write the instance a custom solve used next to its plan, so that ``export`` and
+    ``plot`` find it again (the plan's ``instance`` field points at it)."""
+    path = out.with_name(out.stem + ".instance.yaml")
+    data = {
+        "name": inst.name,
+        "model": inst.model.model_dump(mode="json"),
+        "cluster": {"file": str(cluster.resolve())} if cluster else None,
+        "training": inst.training.model_dump(mode="json"),
+        "search_space": inst.search_space.model_dump(mode="json"),
+        "profile": str(profile.resolve()) if profile else None,
+    }
+    if cluster is None:
+        data["cluster"] = cluster_to_mapping(inst.cluster, decimals=None)
+    write_yaml(path, {k: v for k, v in data.items() if v is not None})
+    return path.resolve()

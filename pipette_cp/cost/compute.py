@@ -5,7 +5,7 @@ at a size-dependent achieved FLOP/s capped by the HBM roofline, memory-bound
 element-wise work at HBM bandwidth, and the TP collectives over the intra-node
 link.  Backward = 2 x the forward GEMMs (FlashAttention 2.5 x); full recompute
 adds one forward, selective the attention core.  Parameters per GPU type live in
-:mod:`pipette_cp.cost.calibration`; a :class:`~pipette_cp.cost.profile.LayerProfile`
+:mod:`pipette_cp.cost.calibration`; a :class:`~pipette_cp.specs.profile.LayerProfile`
 of measured per-layer times replaces the estimate.
 """
 
@@ -26,11 +26,11 @@ from pipette_cp.cost.memory import (
     stage_params_per_gpu,
     uses_flash_attention,
 )
-from pipette_cp.cost.profile import LayerProfile
 from pipette_cp.errors import SpecError
 from pipette_cp.specs.gpu import GpuSpec
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
+from pipette_cp.specs.profile import LayerProfile
 from pipette_cp.specs.training import TrainingSpec
 
 

@@ -42,12 +42,12 @@ from pipette_cp.cost.memory import (
     usable_memory_bytes,
 )
 from pipette_cp.cost.pipeline import PipelineInputs, finish_iteration, pipeline_times
-from pipette_cp.cost.profile import LayerProfile
 from pipette_cp.cost.simulator import Timeline, simulate_pipeline
 from pipette_cp.cost.simulator import simulate as simulate_inputs
 from pipette_cp.errors import InfeasibleError
 from pipette_cp.specs.instance import Instance
 from pipette_cp.specs.plan import Evaluation, Plan
+from pipette_cp.specs.profile import LayerProfile
 from pipette_cp.units import BYTES_PER_ELEMENT, TFLOPS
 
 __all__ = [
@@ -84,7 +84,7 @@ class _Stages(NamedTuple):
 class Evaluator:
     """Evaluate many plans of one instance fast.
 
-    ``profile``: measured per-layer times (:mod:`pipette_cp.cost.profile`).
+    ``profile``: measured per-layer times (:mod:`pipette_cp.specs.profile`; default: the instance's).
     ``dp_algorithm``: ``"ring"`` (in replica order), ``"hierarchical"`` or ``"best"``
     (the faster per group, as NCCL's tuner picks; with one GPU of a group per node
     they coincide and only the ring is costed).  ``validate``: whether
@@ -97,7 +97,8 @@ class Evaluator:
         dp_algorithm: comm.Algorithm = "best", validate: bool = True,
     ) -> None:  # fmt: skip
         cluster = instance.cluster
-        self.instance, self.profile, self.validate = instance, profile, validate
+        self.instance, self.validate = instance, validate
+        self.profile = profile if profile is not None else instance.profile
         self.dp_algorithm: comm.Algorithm = dp_algorithm
         self.fabric = comm.Fabric.from_cluster(cluster)
         node_gpu = [cluster.gpu_of_node(i) for i in range(cluster.num_nodes)]

@@ -12,6 +12,7 @@ An instance is one YAML file.  Each part may be given inline or by reference::
     training: {global_batch_size: 512, seq_length: 4096}
     search_space: {tp: [1, 2, 4, 8]}  # optional restrictions
     best_known: null                  # filled by the benchmark suite
+    profile: layer-profile.json       # optional measured layer times (pipette-cp profile)
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from pipette_cp.io.cluster_file import cluster_from_mapping, read_cluster_file
 from pipette_cp.io.files import read_mapping
 from pipette_cp.io.model_file import load_model, model_from_mapping
 from pipette_cp.io.paths import INSTANCES_DIR
+from pipette_cp.io.profile_file import load_layer_profile
 from pipette_cp.specs import (
     BestKnown,
     ClusterSpec,
     Instance,
+    LayerProfile,
     ModelSpec,
     SearchSpace,
     TrainingSpec,
@@ -48,6 +51,7 @@ _PARTS = {
     "training",
     "search_space",
     "best_known",
+    "profile",
 }
 
 
@@ -102,7 +106,14 @@ def instance_from_mapping(
             if data.get("best_known")
             else None
         ),
+        profile=_profile(data["profile"], base_dir) if data.get("profile") else None,
     )
+
+
+def _profile(value: Any, base_dir: Path) -> LayerProfile:
+    if isinstance(value, dict):
+        return validate_spec(LayerProfile, value, "profile")
+    return load_layer_profile(_relative(value, base_dir))
 
 
 def _model(value: Any, base_dir: Path) -> ModelSpec:

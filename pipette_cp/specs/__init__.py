@@ -6,6 +6,7 @@ from pipette_cp.specs.gpu import GPU_CATALOG, GpuSpec, resolve_gpu
 from pipette_cp.specs.instance import BestKnown, Instance
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Evaluation, Plan, SolveInfo
+from pipette_cp.specs.profile import LayerProfile, LayerProfileEntry
 from pipette_cp.specs.training import Recompute, SearchSpace, TrainingSpec
 
 __all__ = [
@@ -16,6 +17,8 @@ __all__ = [
     "FrozenSpec",
     "GpuSpec",
     "Instance",
+    "LayerProfile",
+    "LayerProfileEntry",
     "ModelSpec",
     "Plan",
     "Recompute",
@@ -36,4 +39,5 @@ SCHEMA_SPECS = (
     Plan,
     Evaluation,
     Instance,
+    LayerProfile,
 )

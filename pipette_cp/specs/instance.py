@@ -7,6 +7,7 @@ from pydantic import Field
 from pipette_cp.specs._base import FrozenSpec
 from pipette_cp.specs.cluster import ClusterSpec
 from pipette_cp.specs.model import ModelSpec
+from pipette_cp.specs.profile import LayerProfile
 from pipette_cp.specs.training import SearchSpace, TrainingSpec
 
 
@@ -35,3 +36,7 @@ class Instance(FrozenSpec):
         default_factory=SearchSpace, description="Allowed values of the layout knobs."
     )
     best_known: BestKnown | None = Field(default=None, description="Best objective known so far.")
+    profile: LayerProfile | None = Field(
+        default=None,
+        description="Measured per-layer times that replace the analytic compute estimate.",
+    )

@@ -22,13 +22,10 @@ with the same settings and is preferred.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from pydantic import Field
 
-from pipette_cp.errors import InputFileError, SpecError
-from pipette_cp.specs._base import FrozenSpec, validate_spec
+from pipette_cp.errors import SpecError
+from pipette_cp.specs._base import FrozenSpec
 from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.training import Recompute, TrainingSpec
 
@@ -102,25 +99,3 @@ class LayerProfile(FrozenSpec):
         return max(
             candidates, key=lambda e: (e.recompute is not None) + (e.flash_attention is not None)
         )
-
-
-def load_layer_profile(path: str | Path) -> LayerProfile:
-    """Read a :class:`LayerProfile` from a JSON file.
-
-    Raises
-    ------
-    InputFileError
-        The file is missing, unreadable or not JSON.
-    SpecError
-        A field is missing or invalid (the message names it).
-    """
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputFileError(path, "no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputFileError(path, f"cannot read: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise InputFileError(path, f"not JSON: {exc.msg} at line {exc.lineno}") from None
-    return validate_spec(LayerProfile, data, "profile")
