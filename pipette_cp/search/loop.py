@@ -178,8 +178,13 @@ def _solve_all(
     seed: int,
     max_solves: int | None,
 ) -> list[Plan]:
-    """Run the method on candidates, most promising first, within the budget."""
+    """Run the method on candidates, most promising first, within the budget.
+
+    Candidates that share degrees with a solved one (another micro-batch, recompute
+    or optimizer setting) start from its placement and get half a share: the
+    placement mostly carries over, the split is re-solved."""
     solved: list[Plan] = []
+    placed: dict[tuple[int, int, int], Plan] = {}
     best = math.inf
     for i, cand in enumerate(candidates):
         notify("solve", i + 1, len(candidates))
@@ -191,10 +196,12 @@ def _solve_all(
             stats.skipped_budget += 1
             continue
         share = max(left / max(1, min(len(candidates) - i, 8)), 0.5)
+        skeleton, degrees = cand.plan, (cand.plan.dp, cand.plan.pp, cand.plan.tp)
+        if degrees in placed:
+            skeleton = skeleton.model_copy(update={"placement": placed[degrees].placement})
+            share = max(share / 2, 0.5)
         try:
-            plan = solve(
-                instance, cand.plan, SolveOptions(time_limit_s=min(share, left), seed=seed)
-            )
+            plan = solve(instance, skeleton, SolveOptions(time_limit_s=min(share, left), seed=seed))
             evaluation = evaluator.evaluate(plan)
         except (InfeasibleError, LayoutError):
             stats.method_failures += 1
@@ -204,6 +211,8 @@ def _solve_all(
             stats.method_failures += 1
             continue
         best = min(best, evaluation.iteration_time_s)
+        if degrees not in placed or _time(placed[degrees]) > evaluation.iteration_time_s:
+            placed[degrees] = plan.model_copy(update={"evaluation": evaluation})
         solved.append(plan.model_copy(update={"evaluation": evaluation}))
     return solved
 

@@ -110,8 +110,12 @@ def two_level_possible(data: PlacementData) -> bool:
 
 
 def seed_plans(instance: Instance, plan: Plan, options: SolveOptions, sa_s: float) -> list[Plan]:
-    """Baseline plans used as hints: Megatron's order, random, Pipette's SA (if given time)."""
-    plans = [plan.model_copy(update={"placement": megatron_placement(plan.dp, plan.pp, plan.tp)})]
+    """Plans used as hints: the plan's own placement (e.g. one solved for another
+    micro-batch of the same degrees), Megatron's order, random, Pipette's SA (if given time)."""
+    default = megatron_placement(plan.dp, plan.pp, plan.tp)
+    plans = [plan.model_copy(update={"placement": default})]
+    if plan.placement is not None and plan.placement != default:
+        plans.append(plan)
     rng = random.Random(options.seed)
     for _ in range(2):
         placement = random_placement(instance.cluster, plan.dp, plan.pp, plan.tp, rng)
