@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from pipette_cp.io.instance_file import DEFAULT_INSTANCE, load_instance
 from pipette_cp.search import search
 from pipette_cp.search.loop import Progress, SearchResult
+from pipette_cp.solvers.extensions import ConstraintFamily
 from pipette_cp.specs import Instance, Plan, SearchSpace
 
 
@@ -19,6 +21,7 @@ def solve(
     seed: int = 0,
     space: SearchSpace | None = None,
     progress: Progress | None = None,
+    constraints: Sequence[ConstraintFamily] = (),
 ) -> list[Plan]:
     """The fastest plans that fit in memory, best first.
 
@@ -33,6 +36,9 @@ def solve(
         Number of plans returned, total wall-clock budget (default: 0.12 s per GPU,
         8-540 s, see :func:`pipette_cp.search.loop.default_time_limit_s`), random seed,
         and an optional override of the instance's search space.
+    constraints
+        User constraint families added to the CP-SAT and MILP models
+        (:mod:`pipette_cp.solvers.extensions`).
 
     Examples
     --------
@@ -52,6 +58,7 @@ def solve(
         seed=seed,
         space=space,
         progress=progress,
+        constraints=constraints,
     ).plans
 
 
@@ -64,6 +71,7 @@ def solve_with_stats(
     seed: int = 0,
     space: SearchSpace | None = None,
     progress: Progress | None = None,
+    constraints: Sequence[ConstraintFamily] = (),
 ) -> SearchResult:
     """:func:`solve`, also returning what the search did."""
     name = instance.name if isinstance(instance, Instance) else str(instance)
@@ -76,6 +84,7 @@ def solve_with_stats(
         seed=seed,
         space=space,
         progress=progress,
+        constraints=constraints,
     )
     result.plans = [p.model_copy(update={"instance": name}) for p in result.plans]
     return result

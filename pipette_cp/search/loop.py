@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 from pipette_cp.checker import check_plan
 from pipette_cp.cost.evaluate import Evaluator, validate_layout
@@ -26,6 +26,7 @@ from pipette_cp.errors import InfeasibleError, LayoutError, PipetteError
 from pipette_cp.search.bounds import memory_check, time_lower_bound
 from pipette_cp.search.space import enumerate_layouts
 from pipette_cp.solvers import SolveOptions, get_method
+from pipette_cp.solvers.extensions import ConstraintFamily, family_violations
 from pipette_cp.specs import Instance, Plan, SearchSpace
 
 #: ``progress(phase, done, total)``; phases: "bounds", "score", "solve", "rerank".
@@ -85,8 +86,12 @@ def search(
     space: SearchSpace | None = None,
     max_solves: int | None = None,
     progress: Progress | None = None,
+    constraints: Sequence[ConstraintFamily] = (),
 ) -> SearchResult:
     """The ``top_k`` fastest plans that fit, best first (see the module docstring).
+
+    ``constraints``: user constraint families (:mod:`pipette_cp.solvers.extensions`);
+    the exact methods add them to their models, and plans that violate one are dropped.
 
     Raises
     ------
@@ -134,7 +139,7 @@ def search(
         notify,
         start,
         SOLVE_SHARE * time_limit_s,
-        seed,
+        SolveOptions(seed=seed, constraints=tuple(constraints)),
         max_solves,
     )
     if not plans:
@@ -175,7 +180,7 @@ def _solve_all(
     notify: Progress,
     start: float,
     budget_s: float,
-    seed: int,
+    options: SolveOptions,
     max_solves: int | None,
 ) -> list[Plan]:
     """Run the method on candidates, most promising first, within the budget.
@@ -201,13 +206,17 @@ def _solve_all(
             skeleton = skeleton.model_copy(update={"placement": placed[degrees].placement})
             share = max(share / 2, 0.5)
         try:
-            plan = solve(instance, skeleton, SolveOptions(time_limit_s=min(share, left), seed=seed))
+            plan = solve(instance, skeleton, replace(options, time_limit_s=min(share, left)))
             evaluation = evaluator.evaluate(plan)
         except (InfeasibleError, LayoutError):
             stats.method_failures += 1
             continue
         stats.solved += 1
-        if not evaluation.fits or check_plan(instance, plan):
+        if (
+            not evaluation.fits
+            or check_plan(instance, plan)
+            or family_violations(options.constraints, instance, plan)
+        ):
             stats.method_failures += 1
             continue
         best = min(best, evaluation.iteration_time_s)

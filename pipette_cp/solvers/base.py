@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipette_cp.errors import SpecError
+from pipette_cp.solvers.extensions import ConstraintFamily
 from pipette_cp.specs import Instance, Plan
 
 
@@ -21,11 +22,15 @@ class SolveOptions:
         Seed of every random choice; same seed, same plan.
     workers:
         Parallel search workers for the exact solvers (the CI machine has 2 cores).
+    constraints:
+        User constraint families (:mod:`pipette_cp.solvers.extensions`) the exact
+        solvers add to their models; other methods ignore them.
     """
 
     time_limit_s: float = 10.0
     seed: int = 0
     workers: int = 1
+    constraints: tuple[ConstraintFamily, ...] = ()
 
 
 #: A method takes an instance and a *skeleton* plan (degrees and knobs fixed; its

@@ -58,6 +58,7 @@ from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.errors import InfeasibleError, LayoutError, PipetteError, SolverTimeoutError
 from pipette_cp.solvers.base import SolveOptions, register
 from pipette_cp.solvers.baselines import random_placement
+from pipette_cp.solvers.extensions import family_violations
 from pipette_cp.solvers.greedy import greedy_assignments, lay_out, node_costs, walk
 from pipette_cp.solvers.pipette_sa import pipette_sa
 from pipette_cp.solvers.placement_backend import Backend
@@ -186,7 +187,7 @@ def solve_placement(
     started = time.perf_counter()
     # keep a little of the budget for re-scoring the result and the hints
     deadline = started + options.time_limit_s - min(FINISH_RESERVE_S, 0.05 * options.time_limit_s)
-    data = build_placement_data(instance, plan)
+    data = build_placement_data(instance, plan, constraints=options.constraints)
     if not data.allowed.any(axis=1).all():
         raise InfeasibleError("some pipeline stage fits on no GPU type of the cluster (memory)")
     exact = master_size(data) <= EXACT_SIZE
@@ -197,7 +198,7 @@ def solve_placement(
     if not seeds and not exact:  # the full master is too large to find one: keep repairing
         more = time.perf_counter() + 0.5 * (deadline - time.perf_counter())
         seeds = seed_assignments(data, plans, replace(options, seed=options.seed + 1), more)
-    if not seeds and not exact:
+    if not seeds and not exact and not data.constraints:  # with user rows: try the full master
         raise SolverTimeoutError("no placement avoiding the failed links found in the time limit")
     best_value, best = seeds[0] if seeds else (float("inf"), None)
     lx = lower_x(data)
@@ -232,8 +233,10 @@ def _finish(evaluator, plan, data, best, bound, plans, method, started) -> Plan:
     candidate = plan.model_copy(update={"placement": data.placement(best), "evaluation": None})
     scored = [(evaluator.iteration_time(candidate), 0, candidate)]
     for i, hint in enumerate(plans, start=1):
-        if check_plan(evaluator.instance, hint):
-            continue  # a hint over a failed link, or out of memory
+        if check_plan(evaluator.instance, hint) or family_violations(
+            data.constraints, evaluator.instance, hint
+        ):
+            continue  # a hint over a failed link, out of memory, or against a user family
         with contextlib.suppress(PipetteError):
             scored.append((evaluator.iteration_time(hint), i, hint))
     objective, _, chosen = min(scored, key=lambda item: (item[0], item[1]))

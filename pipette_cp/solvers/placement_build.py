@@ -46,7 +46,7 @@ def node_uniform(instance: Instance) -> bool:
 
 
 def build_placement_data(
-    instance: Instance, plan: Plan, evaluator: Evaluator | None = None
+    instance: Instance, plan: Plan, evaluator: Evaluator | None = None, constraints: tuple = ()
 ) -> PlacementData:
     """Slots, places, pair costs and compute classes of ``plan``'s degrees and split.
 
@@ -101,6 +101,7 @@ def build_placement_data(
         instance=instance, plan=plan, evaluator=ev, slot_gpus=slots, place_slots=place_slots,
         place_node=place_node, capacity=capacity, node_level=node_level, latency=latency,
         cross=cross, inv_bw=inv_bw, nic_capacity=fabric.nic_capacity_bytes_per_s,
+        constraints=tuple(constraints),
         **_stage_tables(instance, plan, place_node, tp_bw[rep], capacity),
     )  # fmt: skip
 

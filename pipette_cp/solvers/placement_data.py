@@ -30,6 +30,7 @@ import numpy as np
 from pipette_cp.cost.evaluate import Evaluator, num_micro_batches
 from pipette_cp.cost.pipeline import PipelineInputs, finish_iteration, pipeline_times
 from pipette_cp.errors import InfeasibleError
+from pipette_cp.solvers.extensions import family_violations
 from pipette_cp.specs import Instance, Plan
 
 
@@ -110,6 +111,8 @@ class PlacementData:
     gather_factor: float
     emb_bytes: float
     nic_capacity: float
+    #: user constraint families (:mod:`pipette_cp.solvers.extensions`)
+    constraints: tuple = ()
     xi: XIndex = field(init=False)
 
     def __post_init__(self) -> None:
@@ -241,7 +244,12 @@ class PlacementData:
         return x
 
     def value(self, assign: np.ndarray) -> float:
-        """Iteration time of an assignment under the master's model (inf if infeasible)."""
+        """Iteration time of an assignment under the master's model (inf if infeasible,
+        including a violated user constraint family)."""
+        if self.constraints:
+            plan = self.plan.model_copy(update={"placement": self.placement(assign)})
+            if family_violations(self.constraints, self.instance, plan):
+                return float("inf")
         try:
             return self.total_time_s(self.x_of(assign))
         except InfeasibleError:

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from pipette_cp.solvers.extensions import PlacementContext
 from pipette_cp.solvers.placement_backend import Backend
 from pipette_cp.solvers.placement_data import PlacementData
 
@@ -68,7 +69,9 @@ class PlacementModel:
         self.add_embedding_cost()
         self.add_nic_sharing()
         self.add_compute_classes()
-        if symmetry:
+        for family in data.constraints:
+            family.placement(PlacementContext(self))
+        if symmetry and not data.constraints:  # user rows need not be replica-symmetric
             self.add_symmetry_breaking()
         self.set_objective()
         self.watched = [(u, p, x) for u, lits in enumerate(self.place)
@@ -334,10 +337,17 @@ class PlacementModel:
         def pos(u: int, sign: int) -> list[tuple[int, Any]]:
             return [(sign * p, x) for p, x in self.place[u].items()]
 
+        def at_most_zero(terms: list[tuple[int, Any]], name: str) -> None:
+            # a unit with a one-place domain holds the constant 1, not a variable
+            free = [(c, x) for c, x in terms if not _const(x)]
+            if free:
+                const = sum(c * int(x) for c, x in terms if _const(x))
+                self.b.add_linear(free, "<=", -const, name)
+
         for r in range(1, dp):
-            self.b.add_linear(pos(0, 1) + pos(r, -1), "<=", 0, f"symmetry_rotation_{r}")
+            at_most_zero(pos(0, 1) + pos(r, -1), f"symmetry_rotation_{r}")
         if dp >= 3 and np.array_equal(d.inv_bw, d.inv_bw.T):
-            self.b.add_linear(pos(1, 1) + pos(dp - 1, -1), "<=", 0, "symmetry_reflection")
+            at_most_zero(pos(1, 1) + pos(dp - 1, -1), "symmetry_reflection")
 
     def canonical(self, assign: np.ndarray) -> np.ndarray:
         """The assignment rotated (and reflected) to satisfy the symmetry breaking."""

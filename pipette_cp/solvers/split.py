@@ -55,6 +55,7 @@ from pipette_cp.checker.checks import check_memory_limit
 from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.errors import InfeasibleError, SolverError, SpecError
 from pipette_cp.solvers.base import SolveOptions, register
+from pipette_cp.solvers.extensions import SplitContext, family_violations
 from pipette_cp.solvers.split_cost import SplitCost, split_cost
 from pipette_cp.solvers.split_cpsat import CpSatSplitMaster
 from pipette_cp.solvers.split_heuristics import feasible_start, local_search, prefer_simple
@@ -166,24 +167,37 @@ def solve_split(
     greedy_until = started + HEURISTIC_SHARE * options.time_limit_s
     trail = local_search(cost, start, rng, deadline_s=greedy_until)
     best, best_s = trail.split, trail.time_s
+    families = options.constraints
+
+    def allowed(split: np.ndarray) -> bool:
+        candidate = plan.model_copy(update={"layer_split": tuple(int(n) for n in split)})
+        return not family_violations(families, instance, candidate)
+
     bound, iterations, status = -math.inf, 0, "feasible"
     if cost.num_chunks == 1:
         bound, status = best_s, "optimal"
     master = MASTERS[backend](cost, best_s, workers=options.workers, seed=options.seed)
+    for family in families:
+        family.split(SplitContext(instance, plan, list(master.n), master))
+    if families and not allowed(best):  # the heuristics ignore user families
+        best_s, bound, status = math.inf, -math.inf, "feasible"
     for cut in trail.cuts:
         master.add_iteration_time(cut)
     surrounded = False
     while status != "optimal" and deadline > time.perf_counter():
-        if not surrounded:  # every piece active at the incumbent, once per incumbent
+        if not surrounded and math.isfinite(best_s):  # once per incumbent
             for cut in cost.cuts_around(best, rng, deadline):
                 master.add_iteration_time(cut)
             master.add_objective_cutoff(best_s)
             surrounded = True
-        master.add_hint(best)
+        if math.isfinite(best_s):
+            master.add_hint(best)
         sol = master.solve(max(deadline - time.perf_counter(), 0.0))
         iterations += 1
         bound = max(bound, sol.bound_s)
         if sol.status == "infeasible":
+            if not math.isfinite(best_s):
+                raise InfeasibleError("no layer split satisfies the user constraint families")
             raise SolverError(f"split master infeasible although {best.tolist()} fits")
         if sol.split is None:
             break
@@ -201,7 +215,10 @@ def solve_split(
             master.add_iteration_time(cut)
     if export_path is not None:
         master.export(export_path)
-    best, best_s = prefer_simple(cost, best, best_s)
+    if not math.isfinite(best_s):
+        raise InfeasibleError("no layer split satisfying the user families found in the time limit")
+    if not families:
+        best, best_s = prefer_simple(cost, best, best_s)
     proven = bound if math.isfinite(bound) else None
     return SplitResult(
         split=tuple(int(n) for n in best),

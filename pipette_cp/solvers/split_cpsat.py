@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -104,6 +105,13 @@ class CpSatSplitMaster:
         intercept = math.floor(cut.intercept / self.step_s - gain * self.cost.num_layers) - 1
         expr = sum(int(g) * n for g, n in zip(coef, self.n, strict=True) if g) + intercept
         self.model.add(self.t >= expr).with_name(f"iteration_time_{self.num_cuts}")
+        self.num_cuts += 1
+
+    def add_linear(self, terms: list[tuple[int, Any]], sense: str, rhs: int, name: str) -> None:
+        """A user row ``sum coef * n (sense) rhs`` (:mod:`pipette_cp.solvers.extensions`)."""
+        expr = sum(c * x for c, x in terms)
+        row = {"<=": expr <= rhs, ">=": expr >= rhs, "==": expr == rhs}[sense]
+        self.model.add(row).with_name(f"{name}_{self.num_cuts}")
         self.num_cuts += 1
 
     def add_objective_cutoff(self, best_s: float) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pulp
@@ -114,6 +115,13 @@ class MilpSplitMaster:
         expr = pulp.LpAffineExpression(terms, constant=float(cut.intercept))
         self.problem += self.t >= expr, f"iteration_time_{self.num_cuts}"
         self.cuts.append(cut)
+        self.num_cuts += 1
+
+    def add_linear(self, terms: list[tuple[int, Any]], sense: str, rhs: int, name: str) -> None:
+        """A user row ``sum coef * n (sense) rhs`` (:mod:`pipette_cp.solvers.extensions`)."""
+        expr = pulp.LpAffineExpression([(x, c) for c, x in terms])
+        op = {"==": pulp.LpConstraintEQ, "<=": pulp.LpConstraintLE, ">=": pulp.LpConstraintGE}
+        self.problem += pulp.LpConstraint(expr, op[sense], f"{name}_{self.num_cuts}", rhs)
         self.num_cuts += 1
 
     def add_objective_cutoff(self, best_s: float) -> None:
