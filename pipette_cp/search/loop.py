@@ -27,7 +27,7 @@ from pipette_cp.search.bounds import memory_check, time_lower_bound
 from pipette_cp.search.space import enumerate_layouts
 from pipette_cp.solvers import SolveOptions, get_method
 from pipette_cp.solvers.extensions import ConstraintFamily, family_violations
-from pipette_cp.specs import Instance, Plan, SearchSpace
+from pipette_cp.specs import Instance, Plan, SearchSpace, SolveInfo
 
 #: ``progress(phase, done, total)``; phases: "bounds", "score", "solve", "rerank".
 Progress = Callable[[str, int, int], None]
@@ -35,6 +35,8 @@ Progress = Callable[[str, int, int], None]
 
 #: Share of the budget the solves may use; the rest covers re-ranking and reporting.
 SOLVE_SHARE = 0.85
+#: Share of the budget after which scoring skeletons stops (once one fits).
+SCORE_SHARE = 0.4
 
 
 def default_time_limit_s(instance: Instance) -> float:
@@ -129,7 +131,9 @@ def search(
     if not survivors:
         raise InfeasibleError(_nothing_fits(instance, stats))
     survivors.sort(key=lambda item: item[0])
-    candidates = _score(evaluator, survivors, stats, notify)
+    score_until = start + SCORE_SHARE * time_limit_s
+    candidates = _score(evaluator, survivors, stats, notify, score_until)
+    options = SolveOptions(seed=seed, constraints=tuple(constraints))
     plans = _solve_all(
         instance,
         evaluator,
@@ -139,9 +143,12 @@ def search(
         notify,
         start,
         SOLVE_SHARE * time_limit_s,
-        SolveOptions(seed=seed, constraints=tuple(constraints)),
+        options,
         max_solves,
     )
+    if not plans:  # every solve failed or ran out of time: the scored skeletons remain
+        plans = _fallback(instance, candidates, options, method, top_k)
+        stats.notes.append(f"{method} returned no plan in time: Megatron's defaults returned")
     if not plans:
         raise InfeasibleError(_nothing_fits(instance, stats))
     ranked = _rerank(evaluator, plans, top_k, notify)
@@ -150,15 +157,20 @@ def search(
 
 
 def _score(
-    evaluator: Evaluator, survivors: list, stats: SearchStats, notify: Progress
+    evaluator: Evaluator, survivors: list, stats: SearchStats, notify: Progress, until: float
 ) -> list[_Candidate]:
-    """Score skeletons in bound order until the bound passes the best fitting score."""
+    """Score skeletons in bound order until the bound passes the best fitting score
+    (or the scoring share of the budget is spent: the rest are left unscored)."""
     best = math.inf
     scored: list[_Candidate] = []
     for i, (bound, plan) in enumerate(survivors):
         notify("score", i + 1, len(survivors))
         if bound >= best:
             stats.pruned_bound += len(survivors) - i
+            break
+        if math.isfinite(best) and time.perf_counter() > until:
+            stats.skipped_budget += len(survivors) - i
+            stats.notes.append(f"scoring stopped by the budget after {i} skeletons")
             break
         try:
             evaluation = evaluator.evaluate(plan)
@@ -208,7 +220,7 @@ def _solve_all(
         try:
             plan = solve(instance, skeleton, replace(options, time_limit_s=min(share, left)))
             evaluation = evaluator.evaluate(plan)
-        except (InfeasibleError, LayoutError):
+        except PipetteError:  # infeasible, a layout the method cannot express, timed out
             stats.method_failures += 1
             continue
         stats.solved += 1
@@ -224,6 +236,26 @@ def _solve_all(
             placed[degrees] = plan.model_copy(update={"evaluation": evaluation})
         solved.append(plan.model_copy(update={"evaluation": evaluation}))
     return solved
+
+
+def _fallback(
+    instance: Instance, candidates: list[_Candidate], options: SolveOptions, method: str, top_k: int
+) -> list[Plan]:
+    """The best scored skeletons (even split, Megatron's placement) that fit, pass the
+    checker and the user families, marked ``heuristic``: a plan, when one exists."""
+    evaluator = Evaluator(instance)
+    found = []
+    for cand in candidates:
+        if len(found) >= max(top_k, 1) or not math.isfinite(cand.score_s):
+            break
+        plan = cand.plan
+        if check_plan(instance, plan) or family_violations(options.constraints, instance, plan):
+            continue
+        info = SolveInfo(method=f"{method} (fallback: megatron-default)", status="heuristic")
+        found.append(
+            plan.model_copy(update={"evaluation": evaluator.evaluate(plan), "solve_info": info})
+        )
+    return found
 
 
 def _time(plan: Plan) -> float:
