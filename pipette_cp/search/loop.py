@@ -15,10 +15,13 @@ Every returned plan fits in memory per the model and passes the checker.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from pipette_cp.checker import check_plan
 from pipette_cp.cost.evaluate import Evaluator, validate_layout
@@ -35,8 +38,10 @@ Progress = Callable[[str, int, int], None]
 
 #: Share of the budget the solves may use; the rest covers re-ranking and reporting.
 SOLVE_SHARE = 0.85
-#: Share of the budget after which scoring skeletons stops (once one fits).
+#: Share of the budget after which scoring skeletons stops (once one fits, or once
+#: MIN_SCORED have an estimate when default placements cross failed links).
 SCORE_SHARE = 0.4
+MIN_SCORED = 32
 
 
 def default_time_limit_s(instance: Instance) -> float:
@@ -57,6 +62,7 @@ class SearchStats:
     solved: int = 0
     skipped_budget: int = 0
     method_failures: int = 0
+    crossed_failed_links: int = 0
     wall_time_s: float = 0.0
     smallest_deficit_bytes: float = math.inf
     deficit_layout: str = ""
@@ -149,8 +155,16 @@ def search(
     if not plans:  # every solve failed or ran out of time: the scored skeletons remain
         plans = _fallback(instance, candidates, options, method, top_k)
         stats.notes.append(f"{method} returned no plan in time: Megatron's defaults returned")
-    if not plans:
+    if not plans and not stats.crossed_failed_links:
         raise InfeasibleError(_nothing_fits(instance, stats))
+    if not plans:
+        raise InfeasibleError(
+            f"nothing fits or avoids the failed links: {len(survivors)} layouts pass the memory "
+            f"lower bound, but {method} found no plan on the {stats.method_failures} it tried, "
+            f"nor does Megatron's default on any scored one; "
+            + ", ".join(_hints(instance))
+            + ", or try another --method or a longer --time-limit"
+        )
     ranked = _rerank(evaluator, plans, top_k, notify)
     stats.wall_time_s = time.perf_counter() - start
     return SearchResult(ranked, stats)
@@ -160,27 +174,55 @@ def _score(
     evaluator: Evaluator, survivors: list, stats: SearchStats, notify: Progress, until: float
 ) -> list[_Candidate]:
     """Score skeletons in bound order until the bound passes the best fitting score
-    (or the scoring share of the budget is spent: the rest are left unscored)."""
+    (or the scoring share of the budget is spent: the rest are left unscored).
+
+    Skeletons are ordered by the time of their even split (whether or not it fits:
+    the memory bound says some split does) on Megatron's placement; when that crosses
+    a failed link, on the cluster with failed links repaired (at the slowest working
+    bandwidth).  Estimates order the solves only; pruning uses fitting scores."""
     best = math.inf
+    repaired: Evaluator | None = None
     scored: list[_Candidate] = []
+    estimated = 0
     for i, (bound, plan) in enumerate(survivors):
         notify("score", i + 1, len(survivors))
         if bound >= best:
             stats.pruned_bound += len(survivors) - i
             break
-        if math.isfinite(best) and time.perf_counter() > until:
+        if time.perf_counter() > until and (math.isfinite(best) or estimated >= MIN_SCORED):
             stats.skipped_budget += len(survivors) - i
             stats.notes.append(f"scoring stopped by the budget after {i} skeletons")
             break
+        estimate = math.inf
         try:
             evaluation = evaluator.evaluate(plan)
             score = evaluation.iteration_time_s if evaluation.fits else math.inf
+            deficit = evaluation.memory_bytes_max - evaluation.memory_limit_bytes
+            if not evaluation.fits and deficit < stats.smallest_deficit_bytes:
+                stats.smallest_deficit_bytes, stats.deficit_layout = deficit, plan.layout()
+            estimate = evaluation.iteration_time_s  # memory_check says some split fits
         except InfeasibleError:  # the default placement crosses a failed link
             score = math.inf
+            stats.crossed_failed_links += 1
+            repaired = repaired or Evaluator(_repaired(evaluator.instance), validate=False)
+            with contextlib.suppress(PipetteError):
+                evaluation = repaired.evaluate(plan)
+                estimate = evaluation.iteration_time_s
         stats.scored += 1
         best = min(best, score)
-        scored.append(_Candidate(score, bound, plan))
+        estimated += math.isfinite(estimate)
+        scored.append(_Candidate(estimate, bound, plan))
     return sorted(scored)
+
+
+def _repaired(instance: Instance) -> Instance:
+    """``instance`` with every failed GPU pair at the slowest working bandwidth."""
+    bw = instance.cluster.bandwidth_bytes_per_s
+    off = ~np.eye(len(bw), dtype=bool)
+    working = bw[off & (bw > 0)]
+    fixed = np.where(off & (bw <= 0), float(working.min()) if working.size else 1.0, bw)
+    cluster = instance.cluster.model_copy(update={"bandwidth_bytes_per_s": fixed})
+    return instance.model_copy(update={"cluster": cluster})
 
 
 def _solve_all(
@@ -244,7 +286,7 @@ def _fallback(
     """The best scored skeletons (even split, Megatron's placement) that fit, pass the
     checker and the user families, marked ``heuristic``: a plan, when one exists."""
     evaluator = Evaluator(instance)
-    found = []
+    found: list[Plan] = []
     for cand in candidates:
         if len(found) >= max(top_k, 1) or not math.isfinite(cand.score_s):
             break
@@ -285,6 +327,15 @@ def _nothing_fits(instance: Instance, stats: SearchStats) -> str:
             f"no valid layout of {instance.model.name} on {instance.cluster.num_gpus} GPUs in the "
             f"search space ({stats.layouts} layouts, {stats.invalid} invalid); widen the search space"
         )
+    hints = _hints(instance)
+    return (
+        f"nothing fits in memory: the closest layout ({stats.deficit_layout}) needs "
+        f"{stats.smallest_deficit_bytes / 1e9:.2f} GB more per GPU; " + ", ".join(hints)
+    )
+
+
+def _hints(instance: Instance) -> list[str]:
+    """The changes that could make a layout fit."""
     space = instance.search_space
     hints = []
     if "full" not in space.recompute:
@@ -294,7 +345,4 @@ def _nothing_fits(instance: Instance, stats: SearchStats) -> str:
     if 1 not in space.micro_batch_size:
         hints.append("allow micro-batch 1")
     hints.append("use more GPUs or GPUs with more memory")
-    return (
-        f"nothing fits in memory: the closest layout ({stats.deficit_layout}) needs "
-        f"{stats.smallest_deficit_bytes / 1e9:.2f} GB more per GPU; " + ", ".join(hints)
-    )
+    return hints
