@@ -1,30 +1,44 @@
-"""``pipette-cp cluster generate | import``: make cluster files."""
+"""``pipette-cp cluster generate | import | measure-plan | compare``: cluster files."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
 import typer
 import yaml
+from rich.table import Table
 
 from pipette_cp.cli.app import app, console
+from pipette_cp.clusters.compare import DriftReport, compare_clusters
 from pipette_cp.clusters.generators import generate, generate_timeline
 from pipette_cp.errors import SpecError
-from pipette_cp.io.cluster_file import write_cluster_file
+from pipette_cp.io.cluster_file import read_cluster_file, write_cluster_file
+from pipette_cp.io.files import read_mapping
+from pipette_cp.io.instance_file import load_instance
 from pipette_cp.io.matrix_files import (
     LabelledMatrix,
     cluster_from_matrix,
     read_matrix_csv,
     read_pipette_json,
 )
+from pipette_cp.io.measure_plan import (
+    import_command,
+    plan_measurement,
+    read_hostfile,
+    write_measure_plan,
+)
 from pipette_cp.io.mpigraph import read_mpigraph
 from pipette_cp.io.nccl_pairwise import convert_nccl_tests_dir
 from pipette_cp.specs import ClusterSpec, resolve_gpu
 from pipette_cp.units import GB
 
-cluster_app = typer.Typer(no_args_is_help=True, help="Generate or import cluster bandwidth files.")
+cluster_app = typer.Typer(
+    no_args_is_help=True,
+    help="Generate, import, measure or compare cluster bandwidth files.",
+)
 app.add_typer(cluster_app, name="cluster")
 
 import_app = typer.Typer(no_args_is_help=True, help="Convert measurements into a cluster file.")
@@ -233,3 +247,140 @@ def import_csv(
     _import_matrix(
         read_matrix_csv, path, out, gpu, gpus_per_node, nics_per_node, nic_gb_per_s, intra_gb_per_s
     )
+
+
+# ------------------------------------------------------------ measure-plan, compare
+def _csv(text: str, field: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise SpecError(field, text, "expected a comma-separated list")
+    return items
+
+
+@cluster_app.command("measure-plan")
+def measure_plan_cmd(
+    hostfile: Annotated[
+        Path, typer.Option(help="One host per line: 'host', 'host slots=8' or 'host:8'.")
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for measure.sh.")],
+    gpus_per_node: Annotated[
+        int | None, typer.Option(help="GPUs per node [default: the hostfile's slots, else 8].")
+    ] = None,
+    tool: Annotated[str, typer.Option(help="'nccl-tests' (node pairs) or 'mpigraph'.")] = (
+        "nccl-tests"
+    ),
+    launcher: Annotated[str, typer.Option(help="'slurm' (srun) or 'mpirun' (Open MPI).")] = (
+        "slurm"
+    ),
+    collectives: Annotated[
+        str, typer.Option(help="nccl-tests binaries per pair, e.g. sendrecv,alltoall.")
+    ] = "sendrecv",
+    gpus_per_test: Annotated[
+        str, typer.Option(help="GPUs per node of the pair runs, e.g. 1,8 (import reads G=1).")
+    ] = "1",
+    single_node: Annotated[
+        bool, typer.Option(help="Also run each node alone with all its GPUs (intra-node).")
+    ] = True,
+) -> None:
+    """Write a bash script that measures every node pair (rounds of disjoint pairs)."""
+    gs = []
+    for item in _csv(gpus_per_test, "--gpus-per-test"):
+        if not item.isdigit():
+            raise SpecError("--gpus-per-test", item, "expected positive integers, e.g. 1,8")
+        gs.append(int(item))
+    plan = plan_measurement(
+        read_hostfile(hostfile),
+        gpus_per_node=gpus_per_node,
+        tool=tool,
+        launcher=launcher,
+        collectives=_csv(collectives, "--collectives"),
+        gpus_per_test=gs,
+        single_node=single_node,
+    )
+    path = write_measure_plan(plan, out)
+    n = len(plan.hosts)
+    if plan.tool == "mpigraph":
+        summary = f"one mpiGraph run over {n} nodes"
+    else:
+        summary = (
+            f"{n} nodes, {len(plan.rounds)} rounds, {plan.num_pairs} node pairs, "
+            f"{plan.num_tests} nccl-tests runs ({', '.join(plan.collectives)})"
+        )
+    console.print(f"wrote {path}: {summary}", highlight=False, soft_wrap=True)
+    console.print(f"next: bash {path} (on the cluster), then", highlight=False, soft_wrap=True)
+    console.print(
+        "  " + import_command(plan, str(path.parent / "logs")), highlight=False, soft_wrap=True
+    )
+
+
+def load_cluster(source: str) -> ClusterSpec:
+    """A cluster from a cluster file, a directory of nccl-tests logs, an instance file
+    or a bundled instance name (as ``pipette-cp show`` tells them apart)."""
+    path = Path(source)
+    if path.is_dir():
+        return convert_nccl_tests_dir(path)
+    if path.is_file() and str(read_mapping(path).get("format", "")).startswith(
+        "pipette-cp-cluster"
+    ):
+        return read_cluster_file(path)
+    return load_instance(source).cluster
+
+
+def _gb(value: float) -> str:
+    return f"{value / GB:.2f}" if value > 0 else "failed"
+
+
+def _drift_table(report: DriftReport, cluster: ClusterSpec) -> Table:
+    g = cluster.gpus_per_node
+    table = Table(title=f"Largest changes ({report.cluster_a} -> {report.cluster_b})")
+    for column in ("GPU pair", "A GB/s", "B GB/s", "change", "slowest 10 %"):
+        table.add_column(column, justify="left" if column == "GPU pair" else "right")
+    for c in report.largest_changes:
+        rel = c.relative_change
+        table.add_row(
+            f"{c.src_node}:{c.src_gpu % g} -> {c.dst_node}:{c.dst_gpu % g}",
+            _gb(c.before_bytes_per_s),
+            _gb(c.after_bytes_per_s),
+            "recovered" if rel is None else f"{rel:+.1%}",
+            "yes" if c.slowest_decile else "",
+        )
+    return table
+
+
+@cluster_app.command("compare")
+def compare_cmd(
+    a: Annotated[str, typer.Argument(help="The measurement the plan was made for.")],
+    b: Annotated[str, typer.Argument(help="A newer measurement of the same cluster.")],
+    threshold: Annotated[
+        float, typer.Option(help="Relative change that counts (0.2 = 20 %).")
+    ] = 0.2,
+    top: Annotated[int, typer.Option(help="Rows of the largest-changes table.")] = 10,
+    by_position: Annotated[
+        bool, typer.Option(help="Match nodes by position, not by name (hosts renamed).")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Bandwidth drift between two measurements; says whether to re-plan.
+
+    A and B: cluster files, nccl-tests log directories, instance files or names."""
+    first, second = load_cluster(a), load_cluster(b)
+    report = compare_clusters(first, second, threshold=threshold, top=top, by_name=not by_position)
+    if as_json:
+        typer.echo(json.dumps({**report.model_dump(mode="json"), "verdict": report.verdict}))
+        return
+    r = report
+    corr = "n/a" if r.correlation is None else f"{r.correlation:.3f}"
+    lines = [
+        f"GPU pairs changed > {r.threshold:.0%}: {r.gpu_pairs_changed} of {r.gpu_pairs}",
+        f"node pairs changed > {r.threshold:.0%}: {r.node_pairs_changed} of {r.node_pairs}",
+        f"correlation of node-pair bandwidths: {corr}",
+        f"new failures: {r.new_failed_gpu_pairs} GPU pairs"
+        + "".join(f"\n  {x} - {y}" for x, y in r.new_failures),
+        f"recovered: {r.recovered_gpu_pairs} GPU pairs"
+        + "".join(f"\n  {x} - {y}" for x, y in r.recovered),
+    ]
+    console.print("\n".join(lines), highlight=False, soft_wrap=True)
+    if r.largest_changes:
+        console.print(_drift_table(r, first))
+    style = "bold red" if r.replan_recommended else "bold green"
+    console.print(r.verdict, style=style, highlight=False, soft_wrap=True)
