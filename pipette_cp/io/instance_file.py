@@ -18,13 +18,17 @@ An instance is one YAML file.  Each part may be given inline or by reference::
 from __future__ import annotations
 
 import difflib
+import json
+import re
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from pipette_cp.clusters.generators import generate, generate_timeline
 from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.cluster_file import cluster_from_mapping, read_cluster_file
-from pipette_cp.io.files import read_mapping
+from pipette_cp.io.files import read_mapping, read_text
 from pipette_cp.io.model_file import load_model, model_from_mapping
 from pipette_cp.io.paths import INSTANCES_DIR
 from pipette_cp.io.profile_file import load_layer_profile
@@ -79,6 +83,48 @@ def load_instance(name_or_path: str | Path) -> Instance:
     """Load an instance by bundled name or path; errors name the offending field."""
     path = instance_path(name_or_path)
     return instance_from_mapping(read_mapping(path), base_dir=path.parent, default_name=path.stem)
+
+
+def load_best_known(name_or_path: str | Path) -> BestKnown | None:
+    """The ``best_known`` entry of an instance file, without building the instance."""
+    path = instance_path(name_or_path)
+    value = read_mapping(path).get("best_known")
+    return validate_spec(BestKnown, value, "best_known") if value else None
+
+
+_BEST_KNOWN_LINE = re.compile(r"^best_known\s*:")
+
+
+def write_best_known(name_or_path: str | Path, best: BestKnown | None) -> Path:
+    """Rewrite the ``best_known:`` entry of an instance file, keeping every other line
+    (comments, order, formatting) as it is; the entry is appended if missing.
+
+    Returns the path written.  JSON instance files are rewritten whole.
+    """
+    path = instance_path(name_or_path)
+    value = None if best is None else best.model_dump()
+    if path.suffix.lower() == ".json":
+        data = read_mapping(path)
+        data["best_known"] = value
+        path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        return path
+    entry = yaml.safe_dump({"best_known": value}, sort_keys=False, width=120)
+    lines = read_text(path).splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if _BEST_KNOWN_LINE.match(line)), None)
+    if start is None:
+        if lines and not lines[-1].endswith("\n"):
+            lines[-1] += "\n"
+        lines.append(entry)
+    else:
+        end = start + 1
+        # the entry's value: indented lines (blank lines only when more indented ones follow)
+        while end < len(lines) and (lines[end][:1] in (" ", "\t") or not lines[end].strip()):
+            end += 1
+        while end > start + 1 and not lines[end - 1].strip():
+            end -= 1
+        lines[start:end] = [entry]
+    path.write_text("".join(lines), encoding="utf-8")
+    return path
 
 
 def instance_from_mapping(

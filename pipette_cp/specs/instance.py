@@ -19,6 +19,13 @@ class BestKnown(FrozenSpec):
     layout: str = Field(default="", description="Plan.layout() of that plan.")
     proven_optimal: bool = Field(default=False, description="Whether a solver proved it optimal.")
     package_version: str = Field(default="", description="pipette_cp version that measured it.")
+    predictor: str = Field(
+        default="", description="Predictor of iteration_time_s (analytic, simulator)."
+    )
+    analytic_time_s: float | None = Field(
+        default=None, gt=0, description="The analytic model's iteration time of that plan, s."
+    )
+    date: str = Field(default="", description="When it was found (ISO 8601 date).")
 
 
 class Instance(FrozenSpec):

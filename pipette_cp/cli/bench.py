@@ -1,0 +1,184 @@
+"""``pipette-cp bench [INSTANCES...] | bench report | bench update-best-known``.
+
+``pipette-cp bench X Y --methods ...`` is short for ``pipette-cp bench run X Y ...``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from typer.core import TyperGroup
+
+from pipette_cp import __version__
+from pipette_cp.bench import (
+    DEFAULT_DB,
+    DEFAULT_METHODS,
+    EXECUTORS,
+    BenchRow,
+    BenchStore,
+    best_known_updates,
+    build_report,
+    make_executor,
+    prepare_jobs,
+    run_bench,
+    to_csv,
+    to_markdown,
+)
+from pipette_cp.cli.app import app, console, err_console
+from pipette_cp.errors import PipetteError, SpecError
+from pipette_cp.io.instance_file import load_best_known, write_best_known
+from pipette_cp.specs import BestKnown
+
+
+class _RunByDefault(TyperGroup):
+    """A group whose first argument, when not a sub-command, belongs to ``run``."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h")):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+bench_app = typer.Typer(
+    cls=_RunByDefault,
+    help="Benchmark every method on every instance; report and compare.",
+)
+app.add_typer(bench_app, name="bench")
+
+_DB = typer.Option("--db", help="SQLite store of the results.")
+
+
+def _list(option: str, text: str, kind: type) -> list[Any]:
+    try:
+        return [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SpecError(option, text, f"expected comma-separated {kind.__name__} values") from None
+
+
+@bench_app.command("run")
+def run_cmd(
+    instances: Annotated[
+        list[str] | None,
+        typer.Argument(help="Instance names or files (default: every bundled instance)."),
+    ] = None,
+    methods: Annotated[str, typer.Option("--methods", help="Comma-separated methods.")] = ",".join(
+        DEFAULT_METHODS
+    ),
+    time_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--time-limit",
+            help="Budget per job, s; comma-separated for several (default: the instance's).",
+        ),
+    ] = None,
+    seeds: Annotated[str, typer.Option("--seeds", help="Comma-separated seeds.")] = "0",
+    db: Annotated[Path, _DB] = Path(DEFAULT_DB),
+    jobs: Annotated[int, typer.Option("--jobs", help="Jobs run in parallel.")] = 1,
+    executor: Annotated[
+        str, typer.Option("--executor", help=f"Where jobs run: {' | '.join(EXECUTORS)}.")
+    ] = "local",
+) -> None:
+    """Run every method on every instance; finished rows are skipped (resumable)."""
+    limits = [None] if time_limit is None else _list("--time-limit", time_limit, float)
+    planned = prepare_jobs(
+        instances or (),
+        _list("--methods", methods, str),
+        _list("--seeds", seeds, int),
+        limits,
+    )
+    runner = make_executor(executor, jobs)
+    with BenchStore(db) as store, _bar() as bar:
+        done = store.finished()
+        todo = sum(job.key not in done for job in planned.jobs)
+        task = bar.add_task(f"{todo} jobs", total=todo)
+
+        def on_result(row: BenchRow, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total,
+                       description=f"{row.instance} {row.method}: {row.status}")  # fmt: skip
+
+        summary = run_bench(planned, store, runner, on_result)
+    console.print(
+        f"{summary.total} jobs: {len(summary.rows)} run, {summary.skipped} already in {db}",
+        highlight=False,
+    )
+    for row in summary.failed:
+        err_console.print(
+            f"[yellow]warning:[/] {row.instance} {row.method}: {row.status}: {row.message}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    for flag in summary.flags:
+        err_console.print(f"[yellow]warning:[/] {flag.message()}", highlight=False, soft_wrap=True)
+    if summary.without_best_known:
+        console.print(
+            f"{len(summary.without_best_known)} instance(s) without best_known; "
+            f"`pipette-cp bench update-best-known --db {db}` writes them",
+            highlight=False,
+        )
+
+
+def _bar() -> Progress:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())  # fmt: skip
+    return Progress(*columns, console=err_console, transient=True)
+
+
+def _best_known(names: set[str]) -> dict[str, BestKnown | None]:
+    """``best_known`` of each instance whose file can still be read (others: no flags)."""
+    found: dict[str, BestKnown | None] = {}
+    for name in sorted(names):
+        try:
+            found[name] = load_best_known(name)
+        except PipetteError:
+            continue
+    return found
+
+
+@bench_app.command("report")
+def report_cmd(
+    db: Annotated[Path, _DB] = Path(DEFAULT_DB),
+    fmt: Annotated[str, typer.Option("--format", help="markdown | csv.")] = "markdown",
+    plots: Annotated[
+        Path | None, typer.Option("--plots", help="Directory to write comparison plots into.")
+    ] = None,
+    time_limit: Annotated[
+        float | None,
+        typer.Option("--time-limit", help="Report this time limit (default: the largest)."),
+    ] = None,
+) -> None:
+    """Per-instance iteration times, speed-ups of the solvers, geometric means, flags."""
+    if fmt not in ("markdown", "csv"):
+        raise SpecError("--format", fmt, "expected markdown or csv")
+    with BenchStore(db, create=False) as store:
+        rows = store.rows()
+    report = build_report(rows, _best_known({r.instance for r in rows}), time_limit)
+    typer.echo(to_markdown(report) if fmt == "markdown" else to_csv(report), nl=False)
+    if plots is not None:
+        from pipette_cp.bench.plots import write_plots  # matplotlib only when asked
+
+        written, skipped = write_plots(report, rows, plots)
+        for path in written:
+            err_console.print(f"wrote {path}", highlight=False)
+        for line in skipped:
+            err_console.print(line, highlight=False)
+
+
+@bench_app.command("update-best-known")
+def update_best_known_cmd(db: Annotated[Path, _DB] = Path(DEFAULT_DB)) -> None:
+    """Write the best fitting plan of this version into each instance file it beats."""
+    with BenchStore(db, create=False) as store:
+        rows = store.rows()
+    current = _best_known({r.instance for r in rows})
+    readable = [r for r in rows if r.instance in current]
+    updates = best_known_updates(readable, current, __version__)
+    for name, best in updates.items():
+        path = write_best_known(name, best)
+        console.print(
+            f"{path}: best_known {best.iteration_time_s:.6g} s by {best.method} ({best.layout})",
+            highlight=False,
+        )
+    if not updates:
+        console.print(f"no row of version {__version__} beats a best_known", highlight=False)
