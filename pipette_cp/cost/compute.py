@@ -226,6 +226,15 @@ def _attention_core_times(
     return forward, backward_gemms + 2.0 * _hbm_time_s(softmax_bytes, gpu, cal)
 
 
+def _layer_tp_comm_s(model: ModelSpec, training: TrainingSpec, plan: Plan, bw: float) -> float:
+    """TP communication of one layer's forward pass (the backward has the same), s."""
+    # Megatron TP: 2 all-reduces per layer in forward and 2 in backward, or with SP
+    # 2 all-gathers + 2 reduce-scatters each way (Korthikanti et al. 2022 sec. 4.2.2),
+    # of the b s h activation, 2 B per element.
+    act_bytes = 2.0 * training.seq_length * plan.micro_batch_size * model.hidden_size
+    return 4 * tp_collective_time_s(act_bytes, plan.tp, bw)
+
+
 def _combine(compute: float, comm: float, overlap: bool) -> tuple[float, float]:
     """(pass time, exposed communication) with or without overlapping."""
     exposed = max(0.0, comm - compute) if overlap else comm
@@ -251,11 +260,7 @@ def layer_times(
     # Backward of element-wise kernels reads the saved input and the output gradient
     # and writes the input gradient: ~2 x the forward traffic (assumption).
     bwd_compute = bwd_gemms + core_bwd + 2.0 * elementwise
-    # Megatron TP: 2 all-reduces per layer in forward and 2 in backward, or with SP
-    # 2 all-gathers + 2 reduce-scatters each way (Korthikanti et al. 2022 sec. 4.2.2),
-    # of the b s h activation, 2 B per element.
-    act_bytes = 2.0 * s * b * model.hidden_size
-    comm = 4 * tp_collective_time_s(act_bytes, t, tp_bandwidth_bytes_per_s) if t > 1 else 0.0
+    comm = _layer_tp_comm_s(model, training, plan, tp_bandwidth_bytes_per_s)
     # Megatron --tp-comm-overlap hides TP comm under the GEMMs (read defensively
     # until TrainingSpec carries the flag).
     overlap = training.tp_comm_overlap
@@ -269,6 +274,27 @@ def layer_times(
     else:
         recompute = 0.0
     return LayerTimes(forward, backward + recompute, comm_fwd, comm_bwd, recompute)
+
+
+def measured_layer_times(
+    profile: LayerProfile,
+    model: ModelSpec,
+    training: TrainingSpec,
+    plan: Plan,
+    tp_bandwidth_bytes_per_s: float,
+) -> LayerTimes:
+    """Layer times of ``plan``'s profile entry; a compute-only profile (``includes_tp_comm``
+    false, as ``pipette-cp profile`` writes) gets the analytic TP collectives added, which
+    a fully recomputed forward repeats inside the backward."""
+    entry = profile.lookup(plan, training)
+    if profile.includes_tp_comm:
+        return LayerTimes(entry.forward_s, entry.backward_s, 0.0, 0.0, 0.0)  # all measured
+    comm = _layer_tp_comm_s(model, training, plan, tp_bandwidth_bytes_per_s)
+    forward, comm_fwd = _combine(entry.forward_s, comm, training.tp_comm_overlap)
+    backward, comm_bwd = _combine(entry.backward_s, comm, training.tp_comm_overlap)
+    if plan.recompute == "full":
+        backward, comm_bwd = backward + comm_fwd, comm_bwd + comm_fwd
+    return LayerTimes(forward, backward, comm_fwd, comm_bwd, 0.0)
 
 
 def _boundary_times(
@@ -349,7 +375,9 @@ def chunk_times(
     profile
         Measured per-layer times; when given, the plan's ``(tp, micro_batch_size)``
         must be in it and its times replace the analytic layer estimate (they
-        already contain recomputation and TP communication, so those parts read 0).
+        already contain recomputation, so that part reads 0; TP communication is
+        measured too, or added analytically when ``profile.includes_tp_comm`` is
+        false, see :func:`measured_layer_times`).
     calibration
         Compute parameters (default: the fitted table entry of ``gpu``).
 
@@ -368,8 +396,7 @@ def chunk_times(
     if profile is None:
         layer = layer_times(model, training, gpu, plan, tp_bandwidth_bytes_per_s, cal)
     else:
-        entry = profile.lookup(plan, training)
-        layer = LayerTimes(entry.forward_s, entry.backward_s, 0.0, 0.0, 0.0)  # all measured
+        layer = measured_layer_times(profile, model, training, plan, tp_bandwidth_bytes_per_s)
     emb, head = _boundary_times(model, training, gpu, plan, tp_bandwidth_bytes_per_s, cal)
     parts = np.outer(astuple(layer), np.array(plan.layer_split, dtype=np.float64))
     parts[:4, 0] += emb  # rows as LayerTimes: fwd, bwd, tp comm fwd/bwd, recompute

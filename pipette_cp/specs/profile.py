@@ -18,6 +18,12 @@ micro-batch) pairs they care about and writes a JSON file::
 ``recompute`` and ``flash_attention`` are optional: an entry without them
 matches any plan with its (tp, micro-batch); one with them matches only plans
 with the same settings and is preferred.
+
+``includes_tp_comm`` (default true) says whether the times contain the
+tensor-parallel all-reduces.  ``pipette-cp profile`` times one tp rank's shard
+on one device, without any collective, and writes ``false``: the cost model
+then adds its own analytic TP communication to the measured compute.
+``peak_memory_bytes`` and ``repetitions`` are informative.
 """
 
 from __future__ import annotations
@@ -43,7 +49,18 @@ class LayerProfileEntry(FrozenSpec):
     )
     forward_s: float = Field(gt=0, description="Forward time of one layer, s.")
     backward_s: float = Field(
-        gt=0, description="Backward time of one layer incl. recomputation and TP comm, s."
+        gt=0,
+        description="Backward time of one layer incl. recomputation (and TP comm when the "
+        "profile's includes_tp_comm is true), s.",
+    )
+    peak_memory_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Peak device memory allocated during one forward + backward of the layer "
+        "(its parameters, gradients, input and activations), bytes; None = not measured.",
+    )
+    repetitions: int | None = Field(
+        default=None, gt=0, description="Timed repetitions the medians are taken over."
     )
 
 
@@ -54,6 +71,11 @@ class LayerProfile(FrozenSpec):
     gpu: str = Field(default="", description="GPU type measured on (informative).")
     seq_length: int | None = Field(
         default=None, gt=0, description="Sequence length measured with; None = not checked."
+    )
+    includes_tp_comm: bool = Field(
+        default=True,
+        description="Whether the times contain the tensor-parallel communication; when false "
+        "the cost model adds its analytic TP collective time (single-device measurements).",
     )
     entries: tuple[LayerProfileEntry, ...] = Field(min_length=1, description="The measurements.")
 
