@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from typer.core import TyperGroup
 
 from pipette_cp import __version__
@@ -29,7 +30,8 @@ class _ErrorsAsOneLine(TyperGroup):
         except PipetteError as exc:
             if _state["debug"]:
                 raise
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            message = escape(str(exc))  # a literal "[profile]" is no markup tag
+            err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
 
 
@@ -66,14 +68,19 @@ def main() -> None:
 
 
 # Sub-commands register themselves on import (kept last to avoid cycles).
+from pipette_cp.cli import bench as _bench  # noqa: E402
 from pipette_cp.cli import cluster as _cluster  # noqa: E402
+from pipette_cp.cli import explain as _explain  # noqa: E402
 from pipette_cp.cli import export as _export  # noqa: E402
 from pipette_cp.cli import info as _info  # noqa: E402
 from pipette_cp.cli import predict as _predict  # noqa: E402
+from pipette_cp.cli import profile as _profile  # noqa: E402, F401
 from pipette_cp.cli import solve as _solve  # noqa: E402
 
 __all__ = [
+    "_bench",
     "_cluster",
+    "_explain",
     "_export",
     "_info",
     "_predict",
