@@ -82,6 +82,9 @@ from pipette_cp.specs.layouts import megatron_placement
 BACKENDS: dict[str, Callable[[], Backend]] = {"cpsat": CpSatBackend, "milp": MilpBackend}
 #: Largest full master (sum over communicating unit pairs of |domain u| x |domain v|).
 EXACT_SIZE = 20_000
+#: CBC checks its time limit only between phases: past this size its root node alone
+#: overran a 5 s limit by 7 s (benchmarks/time_limits.py), so larger MILP masters go to LNS.
+EXACT_SIZE_MILP = 4_000
 #: Share of the time limit for seeds and their local search.
 SEED_SHARE = 0.1
 #: Share of the time limit the layer split may use.
@@ -190,7 +193,9 @@ def solve_placement(
     data = build_placement_data(instance, plan, constraints=options.constraints)
     if not data.allowed.any(axis=1).all():
         raise InfeasibleError("some pipeline stage fits on no GPU type of the cluster (memory)")
-    exact = master_size(data) <= EXACT_SIZE
+    exact = master_size(data) <= (
+        EXACT_SIZE if backend == "cpsat" else min(EXACT_SIZE, EXACT_SIZE_MILP)
+    )
     sa_s = 0.0 if exact else min(2.0, 0.05 * options.time_limit_s)
     plans = seed_plans(instance, plan, options, sa_s)
     seed_deadline = time.perf_counter() + SEED_SHARE * options.time_limit_s
