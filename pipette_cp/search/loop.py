@@ -39,9 +39,11 @@ Progress = Callable[[str, int, int], None]
 #: Share of the budget the solves may use; the rest covers re-ranking and reporting.
 SOLVE_SHARE = 0.85
 #: Share of the budget after which scoring skeletons stops (once one fits, or once
-#: MIN_SCORED have an estimate when default placements cross failed links).
+#: MIN_SCORED default placements have crossed a failed link).
 SCORE_SHARE = 0.4
 MIN_SCORED = 32
+#: Skeletons the greedy fallback tries when no solve succeeded and no default fits.
+FALLBACK_TRIES = 8
 
 
 def default_time_limit_s(instance: Instance) -> float:
@@ -155,6 +157,11 @@ def search(
     if not plans:  # every solve failed or ran out of time: the scored skeletons remain
         plans = _fallback(instance, candidates, options, method, top_k)
         stats.notes.append(f"{method} returned no plan in time: Megatron's defaults returned")
+    if not plans and stats.solved == 0 and stats.skipped_budget:
+        raise InfeasibleError(
+            f"no plan within the time limit of {time_limit_s:g} s: it ran out before any of "
+            f"the {len(survivors)} layouts that may fit was solved; give a longer --time-limit"
+        )
     if not plans and not stats.crossed_failed_links:
         raise InfeasibleError(_nothing_fits(instance, stats))
     if not plans:
@@ -183,13 +190,13 @@ def _score(
     best = math.inf
     repaired: Evaluator | None = None
     scored: list[_Candidate] = []
-    estimated = 0
     for i, (bound, plan) in enumerate(survivors):
         notify("score", i + 1, len(survivors))
         if bound >= best:
             stats.pruned_bound += len(survivors) - i
             break
-        if time.perf_counter() > until and (math.isfinite(best) or estimated >= MIN_SCORED):
+        crossed = stats.crossed_failed_links >= MIN_SCORED  # no default may ever fit
+        if time.perf_counter() > until and (math.isfinite(best) or crossed):
             stats.skipped_budget += len(survivors) - i
             stats.notes.append(f"scoring stopped by the budget after {i} skeletons")
             break
@@ -210,7 +217,6 @@ def _score(
                 estimate = evaluation.iteration_time_s
         stats.scored += 1
         best = min(best, score)
-        estimated += math.isfinite(estimate)
         scored.append(_Candidate(estimate, bound, plan))
     return sorted(scored)
 
@@ -283,21 +289,37 @@ def _solve_all(
 def _fallback(
     instance: Instance, candidates: list[_Candidate], options: SolveOptions, method: str, top_k: int
 ) -> list[Plan]:
-    """The best scored skeletons (even split, Megatron's placement) that fit, pass the
-    checker and the user families, marked ``heuristic``: a plan, when one exists."""
+    """A plan whenever a heuristic finds one: the best scored skeletons (even split,
+    Megatron's placement) that fit, pass the checker and the user families; if none
+    does, the greedy method on the most promising skeletons.  Marked ``heuristic``."""
     evaluator = Evaluator(instance)
     found: list[Plan] = []
     for cand in candidates:
         if len(found) >= max(top_k, 1) or not math.isfinite(cand.score_s):
             break
-        plan = cand.plan
-        if check_plan(instance, plan) or family_violations(options.constraints, instance, plan):
-            continue
-        info = SolveInfo(method=f"{method} (fallback: megatron-default)", status="heuristic")
-        found.append(
-            plan.model_copy(update={"evaluation": evaluator.evaluate(plan), "solve_info": info})
-        )
+        if _usable(instance, cand.plan, options):
+            found.append(
+                _as_fallback(evaluator, cand.plan, f"{method} (fallback: megatron-default)")
+            )
+    greedy = get_method("greedy")
+    for cand in candidates[:FALLBACK_TRIES] if not found else []:
+        with contextlib.suppress(PipetteError):
+            plan = greedy(instance, cand.plan, replace(options, time_limit_s=1.0))
+            if _usable(instance, plan, options):
+                found.append(_as_fallback(evaluator, plan, f"{method} (fallback: greedy)"))
+                break
     return found
+
+
+def _usable(instance: Instance, plan: Plan, options: SolveOptions) -> bool:
+    return not check_plan(instance, plan) and not family_violations(
+        options.constraints, instance, plan
+    )
+
+
+def _as_fallback(evaluator: Evaluator, plan: Plan, how: str) -> Plan:
+    info = SolveInfo(method=how, status="heuristic")
+    return plan.model_copy(update={"evaluation": evaluator.evaluate(plan), "solve_info": info})
 
 
 def _time(plan: Plan) -> float:
