@@ -28,6 +28,7 @@ from pipette_cp.cost.evaluate import Evaluator, validate_layout
 from pipette_cp.errors import InfeasibleError, LayoutError, PipetteError
 from pipette_cp.search.bounds import memory_check, time_lower_bound
 from pipette_cp.search.space import enumerate_layouts
+from pipette_cp.search.sweep import SWEPT_METHODS, Candidate, sweep
 from pipette_cp.solvers import SolveOptions, get_method
 from pipette_cp.solvers.extensions import ConstraintFamily, family_violations
 from pipette_cp.specs import Instance, Plan, SearchSpace, SolveInfo
@@ -42,6 +43,8 @@ SOLVE_SHARE = 0.85
 #: MIN_SCORED default placements have crossed a failed link).
 SCORE_SHARE = 0.4
 MIN_SCORED = 32
+#: Share of the budget for the greedy sweep before the exact solves (cpsat, milp).
+SWEEP_SHARE = 0.2
 #: Skeletons the greedy fallback tries when no solve succeeded and no default fits.
 FALLBACK_TRIES = 8
 
@@ -77,13 +80,6 @@ class SearchResult:
 
     plans: list[Plan]
     stats: SearchStats
-
-
-@dataclass(order=True)
-class _Candidate:
-    score_s: float
-    bound_s: float = field(compare=False)
-    plan: Plan = field(compare=False)
 
 
 def search(
@@ -142,7 +138,13 @@ def search(
     score_until = start + SCORE_SHARE * time_limit_s
     candidates = _score(evaluator, survivors, stats, notify, score_until)
     options = SolveOptions(seed=seed, constraints=tuple(constraints))
-    plans = _solve_all(
+    pool: list[Plan] = []
+    if method in SWEPT_METHODS:
+        notify("sweep", 0, len(candidates))
+        until = time.perf_counter() + SWEEP_SHARE * time_limit_s
+        pool, candidates = sweep(instance, evaluator, candidates, options, until)
+        stats.notes.append(f"greedy sweep: {len(pool)} plans")
+    plans = pool + _solve_all(
         instance,
         evaluator,
         candidates,
@@ -153,6 +155,7 @@ def search(
         SOLVE_SHARE * time_limit_s,
         options,
         max_solves,
+        min((_time(p) for p in pool), default=math.inf),
     )
     if not plans:  # every solve failed or ran out of time: the scored skeletons remain
         plans = _fallback(instance, candidates, options, method, top_k)
@@ -179,7 +182,7 @@ def search(
 
 def _score(
     evaluator: Evaluator, survivors: list, stats: SearchStats, notify: Progress, until: float
-) -> list[_Candidate]:
+) -> list[Candidate]:
     """Score skeletons in bound order until the bound passes the best fitting score
     (or the scoring share of the budget is spent: the rest are left unscored).
 
@@ -189,7 +192,7 @@ def _score(
     bandwidth).  Estimates order the solves only; pruning uses fitting scores."""
     best = math.inf
     repaired: Evaluator | None = None
-    scored: list[_Candidate] = []
+    scored: list[Candidate] = []
     for i, (bound, plan) in enumerate(survivors):
         notify("score", i + 1, len(survivors))
         if bound >= best:
@@ -217,7 +220,7 @@ def _score(
                 estimate = evaluation.iteration_time_s
         stats.scored += 1
         best = min(best, score)
-        scored.append(_Candidate(estimate, bound, plan))
+        scored.append(Candidate(estimate, bound, plan))
     return sorted(scored)
 
 
@@ -234,7 +237,7 @@ def _repaired(instance: Instance) -> Instance:
 def _solve_all(
     instance: Instance,
     evaluator: Evaluator,
-    candidates: list[_Candidate],
+    candidates: list[Candidate],
     solve: Callable,
     stats: SearchStats,
     notify: Progress,
@@ -242,6 +245,7 @@ def _solve_all(
     budget_s: float,
     options: SolveOptions,
     max_solves: int | None,
+    best: float = math.inf,
 ) -> list[Plan]:
     """Run the method on candidates, most promising first, within the budget.
 
@@ -250,7 +254,6 @@ def _solve_all(
     placement mostly carries over, the split is re-solved."""
     solved: list[Plan] = []
     placed: dict[tuple[int, int, int], Plan] = {}
-    best = math.inf
     for i, cand in enumerate(candidates):
         notify("solve", i + 1, len(candidates))
         if cand.bound_s >= best:
@@ -287,7 +290,7 @@ def _solve_all(
 
 
 def _fallback(
-    instance: Instance, candidates: list[_Candidate], options: SolveOptions, method: str, top_k: int
+    instance: Instance, candidates: list[Candidate], options: SolveOptions, method: str, top_k: int
 ) -> list[Plan]:
     """A plan whenever a heuristic finds one: the best scored skeletons (even split,
     Megatron's placement) that fit, pass the checker and the user families; if none
@@ -328,8 +331,12 @@ def _time(plan: Plan) -> float:
 
 
 def _rerank(evaluator: Evaluator, plans: list[Plan], top_k: int, notify: Progress) -> list[Plan]:
-    """Best ``top_k`` by the analytic model, re-ranked by the simulator."""
-    plans = sorted(plans, key=_time)[: max(top_k, 1)]
+    """Best ``top_k`` by the analytic model (the best plan of each layout), re-ranked by
+    the simulator."""
+    best: dict[str, Plan] = {}
+    for plan in sorted(plans, key=_time):
+        best.setdefault(plan.layout(), plan)
+    plans = list(best.values())[: max(top_k, 1)]
     ranked = []
     for i, plan in enumerate(plans):
         notify("rerank", i + 1, len(plans))

@@ -9,17 +9,24 @@ the other baselines (:mod:`pipette_cp.solvers.pipette_sa`,
 
 from __future__ import annotations
 
+import contextlib
+import math
 import random
 import time
 
-from pipette_cp.checker.checks import communication_pairs
-from pipette_cp.errors import LayoutError
+import numpy as np
+
+from pipette_cp.checker.checks import check_plan, communication_pairs
+from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.errors import LayoutError, PipetteError
 from pipette_cp.solvers.base import SolveOptions, register
 from pipette_cp.specs import ClusterSpec, Instance, Plan, SolveInfo
 from pipette_cp.specs.layouts import even_split, megatron_placement
 
 #: How many random placements ``random`` draws at most to avoid failed links.
 RANDOM_TRIES = 20
+#: Random node permutations of Megatron's order tried as two-level-friendly hints.
+NODE_PACKED_HINTS = 8
 
 Placement = tuple[tuple[int, ...], ...]
 
@@ -202,3 +209,44 @@ def random_method(instance: Instance, skeleton: Plan, options: SolveOptions) -> 
         objective_s=None,
         started_at=started,
     )
+
+
+def node_packed_placements(
+    instance: Instance, plan: Plan, seed: int, count: int = NODE_PACKED_HINTS
+) -> list[Placement]:
+    """Megatron's order with whole nodes permuted (identity first, then ``count`` random
+    permutations).
+
+    Megatron's order packs the data-parallel replicas of a stage onto whole nodes when
+    tp x dp fills them, which is what the two-level all-reduce rewards; permuting nodes
+    keeps the packing while moving stages off failed or slow links.  The placement
+    masters model ring all-reduce only, so these hints (scored by the evaluator)
+    carry the two-level case.
+    """
+    g = instance.cluster.gpus_per_node
+    base = np.array(megatron_placement(plan.dp, plan.pp, plan.tp), dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    nodes = instance.cluster.num_nodes
+    out = [base]
+    for _ in range(count):
+        perm = rng.permutation(nodes)
+        out.append(perm[base // g] * g + base % g)
+    return [tuple(tuple(int(x) for x in unit) for unit in p) for p in out]
+
+
+def best_of(
+    instance: Instance, plan: Plan, placements: list[Placement]
+) -> tuple[float, Placement | None]:
+    """The placement of ``placements`` with the smallest evaluated iteration time for
+    ``plan``'s degrees and split (inf, None when none runs: failed link, memory)."""
+    evaluator = Evaluator(instance)
+    best: tuple[float, Placement | None] = (math.inf, None)
+    for placement in placements:
+        candidate = plan.model_copy(update={"placement": placement, "evaluation": None})
+        if check_plan(instance, candidate):
+            continue
+        with contextlib.suppress(PipetteError):
+            t = evaluator.iteration_time(candidate)
+            if t < best[0]:
+                best = (t, placement)
+    return best

@@ -20,7 +20,7 @@ import numpy as np
 
 from pipette_cp.errors import InfeasibleError
 from pipette_cp.solvers.base import SolveOptions, register
-from pipette_cp.solvers.baselines import finish_plan
+from pipette_cp.solvers.baselines import best_of, finish_plan, node_packed_placements
 from pipette_cp.solvers.placement_build import build_placement_data
 from pipette_cp.solvers.placement_data import PlacementData
 from pipette_cp.solvers.placement_lns import local_search
@@ -110,10 +110,13 @@ def repaired(data: PlacementData, seed: int, deadline: float) -> list[tuple[floa
 
 @register("greedy")
 def greedy(instance: Instance, skeleton: Plan, options: SolveOptions) -> Plan:
-    """Fast-link walk placement (see the module docstring), skeleton's layer split, seeded.
+    """Fast-link walk placement (see the module docstring), skeleton's layer split, seeded;
+    when replicas of a stage may share a node, the better (by the Evaluator) of it and
+    whole-node permutations of Megatron's order, which the two-level all-reduce rewards.
 
     ``solve_info.objective`` is the model's iteration time of the plan (s), the
-    Evaluator's with DP rings in replica order.  If every candidate crosses a
+    Evaluator's with DP rings in replica order (or the Evaluator's own, for a
+    node permutation).  If every candidate crosses a
     failed link, the first candidate is returned anyway (the checker's
     ``no_failed_link`` family reports it) with objective None.
 
@@ -136,10 +139,16 @@ def greedy(instance: Instance, skeleton: Plan, options: SolveOptions) -> Plan:
         if first is None:
             raise InfeasibleError("no place can hold some stage (memory or failed TP links)")
         assign = first
+    placement = data.placement(assign)
+    if skeleton.dp > 1 and data.multi:  # the two-level all-reduce may beat the ring
+        packed = node_packed_placements(instance, skeleton, options.seed)
+        value, best = best_of(instance, skeleton, [placement, *packed])
+        if best is not None and best != placement:
+            placement, objective = best, value
     return finish_plan(
         skeleton,
         layer_split=skeleton.layer_split,
-        placement=data.placement(assign),
+        placement=placement,
         method="greedy",
         objective_s=objective,
         started_at=started,

@@ -57,7 +57,7 @@ from pipette_cp.cost import comm
 from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.errors import InfeasibleError, LayoutError, PipetteError, SolverTimeoutError
 from pipette_cp.solvers.base import SolveOptions, register
-from pipette_cp.solvers.baselines import random_placement
+from pipette_cp.solvers.baselines import node_packed_placements, random_placement
 from pipette_cp.solvers.extensions import family_violations
 from pipette_cp.solvers.greedy import greedy_assignments, lay_out, node_costs, walk
 from pipette_cp.solvers.pipette_sa import pipette_sa
@@ -120,6 +120,9 @@ def seed_plans(instance: Instance, plan: Plan, options: SolveOptions, sa_s: floa
     plans = [plan.model_copy(update={"placement": default})]
     if plan.placement is not None and plan.placement != default:
         plans.append(plan)
+    if plan.dp > 1:  # whole-node permutations of Megatron's order: two-level all-reduce
+        packed = node_packed_placements(instance, plan, options.seed)[1:]
+        plans += [plan.model_copy(update={"placement": p}) for p in packed]
     rng = random.Random(options.seed)
     for _ in range(2):
         placement = random_placement(instance.cluster, plan.dp, plan.pp, plan.tp, rng)
@@ -196,7 +199,9 @@ def solve_placement(
     exact = master_size(data) <= (
         EXACT_SIZE if backend == "cpsat" else min(EXACT_SIZE, EXACT_SIZE_MILP)
     )
-    sa_s = 0.0 if exact else min(2.0, 0.05 * options.time_limit_s)
+    # Pipette's SA scores with the evaluator itself: a hint worth its time when the master
+    # is not exact, or when the two-level all-reduce (not in the master) may win
+    sa_s = 0.0 if exact and not two_level_possible(data) else min(2.0, 0.1 * options.time_limit_s)
     plans = seed_plans(instance, plan, options, sa_s)
     seed_deadline = time.perf_counter() + SEED_SHARE * options.time_limit_s
     seeds = seed_assignments(data, plans, options, seed_deadline)
