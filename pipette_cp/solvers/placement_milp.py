@@ -48,11 +48,12 @@ class MilpBackend:
         return f"{name}_{next(self._ids)}"
 
     def new_bool(self, name: str) -> Any:
-        return pulp.LpVariable(self._name(name), cat="Binary")
+        return self.problem.add_variable(self._name(name), 0, 1, cat="Binary")
 
     def new_time(self, name: str, lb_s: float, ub_s: float) -> Any:
-        var = pulp.LpVariable(self._name(name), lowBound=lb_s / TIME_UNIT_S,
-                              upBound=max(ub_s, lb_s) / TIME_UNIT_S)  # fmt: skip
+        var = self.problem.add_variable(
+            self._name(name), lb_s / TIME_UNIT_S, max(ub_s, lb_s) / TIME_UNIT_S
+        )
         self._lb[var.name] = lb_s / TIME_UNIT_S
         return var
 
