@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipette_cp.io.cluster_file import read_cluster_file
 from pipette_cp.io.instance_file import DEFAULT_INSTANCE, load_instance
 from pipette_cp.search import search
 from pipette_cp.search.loop import Progress, SearchResult
+from pipette_cp.search.robust import RobustResult, robust_search
 from pipette_cp.solvers.extensions import ConstraintFamily
-from pipette_cp.specs import Instance, Plan, SearchSpace
+from pipette_cp.specs import ClusterSpec, Instance, Plan, SearchSpace
 
 
 def solve(
@@ -78,6 +80,51 @@ def solve_with_stats(
     inst = instance if isinstance(instance, Instance) else load_instance(instance)
     result = search(
         inst,
+        method=method,
+        top_k=top_k,
+        time_limit_s=time_limit_s,
+        seed=seed,
+        space=space,
+        progress=progress,
+        constraints=constraints,
+    )
+    result.plans = [p.model_copy(update={"instance": name}) for p in result.plans]
+    return result
+
+
+def solve_robust(
+    instance: Instance | str | Path,
+    snapshots: Sequence[ClusterSpec | str | Path],
+    *,
+    quantile: float = 1.0,
+    method: str = "cpsat",
+    top_k: int = 5,
+    time_limit_s: float | None = None,
+    seed: int = 0,
+    space: SearchSpace | None = None,
+    progress: Progress | None = None,
+    constraints: Sequence[ConstraintFamily] = (),
+) -> RobustResult:
+    """Plans with the smallest ``quantile`` of the iteration time over bandwidth
+    ``snapshots`` (clusters or cluster files of one cluster), as ``pipette-cp solve
+    --snapshots``; see :func:`pipette_cp.search.robust.robust_search`.
+
+    Examples
+    --------
+    >>> from pipette_cp.api import solve_robust
+    >>> from pipette_cp.clusters.generators import generate_timeline
+    >>> snaps = generate_timeline("failslow", nodes=2, seed=0, snapshots=2)
+    >>> result = solve_robust("gpt3-1.3b-nominal-8", snaps, method="greedy", time_limit_s=5)
+    >>> result.scores_s[0] == max(result.times_s[0])
+    True
+    """
+    name = instance.name if isinstance(instance, Instance) else str(instance)
+    inst = instance if isinstance(instance, Instance) else load_instance(instance)
+    clusters = [s if isinstance(s, ClusterSpec) else read_cluster_file(s) for s in snapshots]
+    result = robust_search(
+        inst,
+        clusters,
+        quantile=quantile,
         method=method,
         top_k=top_k,
         time_limit_s=time_limit_s,

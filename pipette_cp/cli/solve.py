@@ -26,6 +26,7 @@ from pipette_cp.cli.options import (
     SeqLengthOption,
     resolve_instance,
 )
+from pipette_cp.cli.robust import QuantileOption, SnapshotsOption, solve_robust
 from pipette_cp.errors import SpecError
 from pipette_cp.io.cluster_file import cluster_to_mapping
 from pipette_cp.io.files import write_yaml
@@ -37,6 +38,7 @@ from pipette_cp.specs import Instance, SearchSpace, validate_spec
 _PHASES = {
     "bounds": "bounding layouts",
     "score": "scoring",
+    "sweep": "greedy sweep",
     "solve": "solving split + placement",
     "rerank": "re-ranking (simulator)",
 }
@@ -88,6 +90,8 @@ def solve(
     profile: ProfileOption = None,
     global_batch: GlobalBatchOption = None,
     seq_length: SeqLengthOption = None,
+    snapshots: SnapshotsOption = None,
+    quantile: QuantileOption = 1.0,
 ) -> None:
     """Find the fastest layouts that fit: degrees, knobs, layer split and GPU placement."""
     if method not in METHODS:
@@ -103,6 +107,12 @@ def solve(
         tp=_ints("--tp", tp), pp=_ints("--pp", pp), dp=_ints("--dp", dp),
         micro_batch_size=_ints("--mb", mb), vpp=_ints("--vpp", vpp),
     )  # fmt: skip
+    if snapshots:  # plans robust over bandwidth snapshots (pipette_cp/cli/robust.py)
+        return solve_robust(
+            inst, snapshots, quantile, method=method, top=top, time_limit=time_limit, seed=seed,
+            space=space, as_json=as_json, out=out, cluster=cluster, profile=profile,
+            write_instance=_write_instance,
+        )  # fmt: skip
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
