@@ -46,6 +46,9 @@ SCORE_SHARE = 0.4
 MIN_SCORED = 32
 #: Share of the budget for the greedy sweep before the exact solves (cpsat, milp).
 SWEEP_SHARE = 0.2
+#: Layouts the simulator re-ranks (at least): the analytic order of close layouts
+#: may differ from the simulator's, which has the last word.
+RERANKED = 8
 #: Skeletons the greedy fallback tries when no solve succeeded and no default fits.
 FALLBACK_TRIES = 8
 
@@ -326,28 +329,35 @@ def _as_fallback(evaluator: Evaluator, plan: Plan, how: str) -> Plan:
     return plan.model_copy(update={"evaluation": evaluator.evaluate(plan), "solve_info": info})
 
 
+def _time_then_exact(plan: Plan) -> tuple[float, bool]:
+    """Sort key: time, then a solver's plan (with its status and gap) before a tied
+    heuristic one."""
+    return _time(plan), plan.solve_info is None or plan.solve_info.status == "heuristic"
+
+
 def _time(plan: Plan) -> float:
     assert plan.evaluation is not None  # every plan of the search carries one
     return plan.evaluation.iteration_time_s
 
 
 def _rerank(evaluator: Evaluator, plans: list[Plan], top_k: int, notify: Progress) -> list[Plan]:
-    """The ``top_k`` best layouts by the analytic model, each represented by the plan
-    the simulator finds fastest among its best analytic plan, its best plan with an
-    even split, and the even split on the best plan's placement; ranked by the simulator.
+    """The ``top_k`` best by the simulator among the best ``max(top_k, RERANKED)``
+    layouts by the analytic model, each represented by the plan the simulator finds
+    fastest among its best analytic plan, its best plan with an even split, and the
+    even split on the best plan's placement.
 
     The solvers minimise the analytic critical path, which flatters unequal chunks
     under interleaving (DESIGN.md; 8.9 % in the agreement benchmark); the simulator,
     which plays the schedule, has the last word."""
     by_layout: dict[str, list[Plan]] = {}
-    for plan in sorted(plans, key=_time):
+    for plan in sorted(plans, key=_time_then_exact):
         by_layout.setdefault(plan.layout(), []).append(plan)
-    layouts = list(by_layout.values())[: max(top_k, 1)]
+    layouts = list(by_layout.values())[: max(top_k, RERANKED)]
     ranked = []
     for i, group in enumerate(layouts):
         notify("rerank", i + 1, len(layouts))
         ranked.append(_simulated_best(evaluator, group))
-    return sorted(ranked, key=_time)
+    return sorted(ranked, key=_time)[: max(top_k, 1)]
 
 
 def _simulated_best(evaluator: Evaluator, group: list[Plan]) -> Plan:
