@@ -20,6 +20,7 @@ from typing import Any
 import pulp
 
 from pipette_cp.solvers.placement_backend import MasterResult, Terms
+from pipette_cp.solvers.split_milp import MIN_CBC_S
 
 #: Time unit of the MILP model, s.
 TIME_UNIT_S = 1e-6
@@ -99,6 +100,8 @@ class MilpBackend:
         self._hinted = bool(values)
 
     def solve(self, time_limit_s: float, workers: int, seed: int) -> MasterResult:
+        if time_limit_s < MIN_CBC_S:  # CBC would not answer in time
+            return MasterResult("unknown", None, None, 0.0)
         handle, log = tempfile.mkstemp(suffix=".log", prefix="pipette_cbc_")
         os.close(handle)
         try:
