@@ -31,7 +31,7 @@ def run(*args: str) -> tuple[int, str]:
 
 def test_bench_run_report_and_update_best_known(tmp_path: Path) -> None:
     instance = tmp_path / "tiny.yaml"
-    data = yaml.safe_load(instance_path(TINY).read_text()) | {"name": "tiny"}
+    data = yaml.safe_load(instance_path(TINY).read_text()) | {"name": "tiny", "best_known": None}
     instance.write_text(yaml.safe_dump(data, sort_keys=False))
     db = str(tmp_path / "b.sqlite")
     args = ("bench", str(instance), "--methods", "greedy,megatron-default", "--time-limit", "5")
