@@ -14,6 +14,10 @@ class PipetteError(Exception):
 
     exit_code = 1
 
+    def __str__(self) -> str:
+        # one line, whatever the input held: control characters (newlines too) escaped
+        return _one_line(super().__str__())
+
 
 class SpecError(PipetteError, ValueError):
     """A value in a spec, an instance file or a command-line option is invalid.
@@ -66,6 +70,13 @@ class SolverError(PipetteError):
     """A solver failed for a reason other than infeasibility or time."""
 
     exit_code = 5
+
+
+def _one_line(text: str) -> str:
+    """``text`` with every non-printable character written as its escape (``\\x1e``)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 def _short(value: Any, limit: int = 80) -> str:

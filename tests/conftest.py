@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, settings
 
 from pipette_cp.clusters.expand import cluster_from_node_matrix
 from pipette_cp.specs import Instance, ModelSpec, SearchSpace, TrainingSpec, resolve_gpu
+
+# ``HYPOTHESIS_PROFILE=fuzz pytest tests/test_fuzz.py tests/test_fuzz_inputs.py``: the long
+# fuzzing run (tests/fuzz_strategies.py multiplies its example counts under this profile).
+settings.register_profile(
+    "fuzz",
+    max_examples=2000,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    print_blob=True,
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 def small_instance(

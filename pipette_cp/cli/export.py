@@ -10,7 +10,8 @@ from pydantic import ValidationError
 
 from pipette_cp.cli.app import app, console
 from pipette_cp.cost.evaluate import simulate
-from pipette_cp.errors import SpecError
+from pipette_cp.cost.layout_check import validate_layout
+from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.files import read_text
 from pipette_cp.io.instance_file import load_instance
 from pipette_cp.report.launch import write_launch_files
@@ -28,12 +29,14 @@ def load_plan(path: Path, instance: str | None) -> tuple[Plan, Instance]:
     """A plan file and its instance (from ``--instance`` or the plan's own record)."""
     try:
         plan = Plan.model_validate_json(read_text(path))
-    except ValidationError as exc:
-        raise spec_error_from(exc, "plan") from None
+    except ValidationError as exc:  # name the file, not just its first bytes
+        raise InputFileError(path, str(spec_error_from(exc, "plan"))) from None
     name = instance or plan.instance
     if not name:
         raise SpecError("--instance", None, f"{path} does not record its instance; pass --instance")
-    return plan, load_instance(name)
+    inst = load_instance(name)
+    validate_layout(inst, plan)  # a plan made for another instance (or edited by hand)
+    return plan, inst
 
 
 @app.command()

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 from pipette_cp.cli.app import app, console
 from pipette_cp.cli.options import (
@@ -20,7 +21,7 @@ from pipette_cp.cli.options import (
 )
 from pipette_cp.cost.evaluate import evaluate
 from pipette_cp.cost.memory import memory_by_stage
-from pipette_cp.errors import LayoutError
+from pipette_cp.errors import InputFileError, LayoutError
 from pipette_cp.io.files import read_text
 from pipette_cp.io.instance_file import DEFAULT_INSTANCE
 from pipette_cp.report.evaluation import evaluation_json, evaluation_table
@@ -41,12 +42,10 @@ class Predictor(StrEnum):
 
 
 def _plan_file(path: Path) -> Plan:
-    from pydantic import ValidationError
-
     try:
         return Plan.model_validate_json(read_text(path))
-    except ValidationError as exc:
-        raise spec_error_from(exc, "plan") from None
+    except ValidationError as exc:  # name the file, not just its first bytes
+        raise InputFileError(path, str(spec_error_from(exc, "plan"))) from None
 
 
 def _split(text: str | None) -> tuple[int, ...] | None:
@@ -107,15 +106,22 @@ def predict(
         global_batch=global_batch, seq_length=seq_length,
     )  # fmt: skip
     gpus = inst.cluster.num_gpus
+    given = 1 if dp is None else dp  # checked before dividing by tp * pp
+    for name, value in (("--tp", tp), ("--pp", pp), ("--mb", mb), ("--dp", given), ("--vpp", vpp)):
+        if value <= 0:
+            raise LayoutError(name, value, "must be a positive integer")
     if dp is None:
         if gpus % (tp * pp):
             raise LayoutError(
                 "--tp*--pp", tp * pp, f"must divide the {gpus} GPUs of the cluster (or give --dp)"
             )
         dp = gpus // (tp * pp)
-    for name, value in (("--tp", tp), ("--pp", pp), ("--mb", mb), ("--dp", dp), ("--vpp", vpp)):
-        if value <= 0:
-            raise LayoutError(name, value, "must be a positive integer")
+    if dp * pp * tp > gpus:  # before building a placement of that many units
+        raise LayoutError("--dp*--pp*--tp", dp * pp * tp,
+                          f"dp={dp} x pp={pp} x tp={tp} = {dp * pp * tp} GPUs, but the cluster has {gpus} GPUs")  # fmt: skip
+    if pp * vpp > (layers := inst.model.num_layers):
+        raise LayoutError("--pp*--vpp", pp * vpp,
+                          f"pp={pp} x vpp={vpp} model chunks, but the model has {layers} layers")  # fmt: skip
     placed = None
     if placement != "default":
         source = _plan_file(Path(placement))
@@ -126,20 +132,23 @@ def predict(
                 f"holds dp={source.dp} pp={source.pp} tp={source.tp}, not dp={dp} pp={pp} tp={tp}",
             )
         placed = source.placement
-    plan = make_plan(
-        num_layers=inst.model.num_layers,
-        dp=dp,
-        pp=pp,
-        tp=tp,
-        micro_batch_size=mb,
-        vpp=vpp,
-        sequence_parallel=sp,
-        recompute=recompute.value,
-        distributed_optimizer=dist_opt,
-        flash_attention=flash_attn,
-        layer_split=_split(split),
-        placement=placed,
-    )
+    try:  # a --split of the wrong length or with a negative count
+        plan = make_plan(
+            num_layers=inst.model.num_layers,
+            dp=dp,
+            pp=pp,
+            tp=tp,
+            micro_batch_size=mb,
+            vpp=vpp,
+            sequence_parallel=sp,
+            recompute=recompute.value,
+            distributed_optimizer=dist_opt,
+            flash_attention=flash_attn,
+            layer_split=_split(split),
+            placement=placed,
+        )
+    except ValidationError as exc:
+        raise spec_error_from(exc, "plan") from None
     evaluation = evaluate(inst, plan, predictor=predictor.value)
     memory = memory_by_stage(inst.model, inst.training, plan)
     if as_json:

@@ -37,7 +37,7 @@ from pipette_cp.clusters.gen_healthy import h100_multileaf, healthy_a100, v100_c
 from pipette_cp.clusters.gen_params import call_builder, integer, parameters_of
 from pipette_cp.clusters.gen_targets import Range, Targets, measure, measure_timeline
 from pipette_cp.errors import SpecError
-from pipette_cp.specs.cluster import ClusterSpec
+from pipette_cp.specs.cluster import MAX_GPUS, ClusterSpec
 
 _DESIGN = "DESIGN.md section 5"
 _XX00 = (
@@ -227,8 +227,8 @@ _BY_ALIAS = {info.alias: info for info in GENERATORS.values()}
 
 def generator_info(kind: str) -> GeneratorInfo:
     """The registered generator called ``kind`` or its alias (``g1`` ... ``g6``)."""
-    key = kind.strip().lower() if isinstance(kind, str) else kind
-    info = GENERATORS.get(key) or _BY_ALIAS.get(key)
+    key = kind.strip().lower() if isinstance(kind, str) else None  # a list is no kind either
+    info = (GENERATORS.get(key) or _BY_ALIAS.get(key)) if key is not None else None
     if info is None:
         known = ", ".join(f"{i.kind} ({i.alias})" for i in GENERATORS.values())
         raise SpecError("generator.kind", kind, f"unknown generator; known: {known}")
@@ -243,6 +243,10 @@ def _fabric(
     integer("seed", seed, 0)
     if gpus_per_node is not None:
         params = {**params, "gpus_per_node": gpus_per_node}
+    gpn = params.get("gpus_per_node", info.defaults.get("gpus_per_node", 8))
+    if isinstance(gpn, int) and nodes * gpn > MAX_GPUS:  # before any matrix is allocated
+        raise SpecError("nodes", nodes, f"{nodes} nodes x gpus_per_node={gpn} = {nodes * gpn} "
+                        f"GPUs; at most {MAX_GPUS} GPUs are modelled")  # fmt: skip
     extra = tuple(sorted({p for b in info.base_kinds.values() for p in parameters_of(b)}))
     rng = np.random.default_rng(seed)
     fabric = call_builder(info.kind, info.builder, rng, nodes, params, extra)

@@ -41,7 +41,7 @@ from pipette_cp.clusters.expand import expand_node_matrix
 from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.files import read_mapping
 from pipette_cp.specs._base import validate_spec
-from pipette_cp.specs.cluster import ClusterSpec
+from pipette_cp.specs.cluster import MAX_GPUS, ClusterSpec
 from pipette_cp.specs.gpu import GPU_CATALOG, GpuSpec, resolve_gpu
 from pipette_cp.units import GB, US
 
@@ -86,11 +86,12 @@ def cluster_from_mapping(data: dict[str, Any], where: str = "cluster") -> Cluste
     """
     if not isinstance(data, dict):
         raise SpecError(where, data, "expected a mapping of cluster fields")
-    unknown = sorted(set(data) - _KEYS)
+    unknown = sorted(set(data) - _KEYS, key=repr)  # YAML keys may be null or numbers
     if unknown:
+        key = unknown[0]
         raise SpecError(
-            f"{where}.{unknown[0]}",
-            data[unknown[0]],
+            f"{where}.{key if isinstance(key, str) else repr(key)}",
+            data[key],
             "unknown field (check its spelling and its unit suffix)",
         )
     if data.get("format", FORMAT) != FORMAT:
@@ -114,9 +115,11 @@ def cluster_from_mapping(data: dict[str, Any], where: str = "cluster") -> Cluste
         n = node_matrix.shape[0]
     else:
         n = len(names) if isinstance(names, list) else _positive_int(data, "num_nodes", where)
+        _require_size(n, g, where)
         inter = _number(data, "inter_node_bandwidth_gb_per_s", where, required=True)
         assert inter is not None  # required=True raised otherwise
         node_matrix = np.full((n, n), inter * GB)
+    _require_size(n, g, where)
     if data.get("num_nodes", n) != n:
         raise SpecError(f"{where}.num_nodes", data["num_nodes"], f"the matrix has {n} nodes")
     for key in ("node_names", "node_groups"):
@@ -149,6 +152,12 @@ def cluster_from_mapping(data: dict[str, Any], where: str = "cluster") -> Cluste
         if (value := _number(data, f"{key}_us", where)) is not None:
             fields[f"{key}_s"] = value / (1 / US)  # us -> s; keeps 5 us == 5e-6 exactly
     return validate_spec(ClusterSpec, fields, where)
+
+
+def _require_size(n: int, g: int, where: str) -> None:
+    if n * g > MAX_GPUS:
+        raise SpecError(f"{where}.num_nodes", n, f"{n} nodes x gpus_per_node={g} = {n * g} GPUs; "
+                        f"at most {MAX_GPUS} GPUs are modelled")  # fmt: skip
 
 
 def _positive_int(data: dict, key: str, where: str) -> int:

@@ -131,10 +131,13 @@ def instance_from_mapping(
     data: dict[str, Any], *, base_dir: Path = INSTANCES_DIR, default_name: str = "instance"
 ) -> Instance:
     """Build an :class:`Instance` from the parsed YAML of an instance file."""
-    unknown = sorted(set(data) - _PARTS)
+    unknown = sorted(set(data) - _PARTS, key=repr)  # YAML keys may be null, numbers or ''
     if unknown:
+        key = unknown[0]
         raise SpecError(
-            unknown[0], data[unknown[0]], f"unknown instance field; expected {sorted(_PARTS)}"
+            key if isinstance(key, str) and key.strip() else repr(key),
+            data[key],
+            f"unknown instance field; expected {sorted(_PARTS)}",
         )
     for part in ("model", "cluster", "training"):
         if part not in data:

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from pipette_cp.errors import InfeasibleError
 from pipette_cp.solvers.extensions import PlacementContext
 from pipette_cp.solvers.placement_backend import Backend
 from pipette_cp.solvers.placement_data import PlacementData
@@ -136,7 +137,11 @@ class PlacementModel:
             fixed = sum(1 for x in held if _const(x))
             terms = [(1, x) for x in held if not _const(x)]
             cap = int(self.data.capacity[p]) - fixed
-            assert cap >= 0, f"place {p} over capacity"
+            if cap < 0:  # units whose only place it is (e.g. the only GPU with the memory)
+                raise InfeasibleError(
+                    f"{fixed} units can only go to place {p}, which has room for "
+                    f"{int(self.data.capacity[p])} (memory or failed links)"
+                )
             if terms and len(terms) > cap:
                 self.b.add_linear(terms, "<=", cap, f"capacity_{p}")
 

@@ -9,6 +9,10 @@ from pipette_cp.specs._base import FrozenSpec, Matrix
 from pipette_cp.specs.gpu import GpuSpec
 from pipette_cp.units import GB
 
+#: Largest cluster the loaders and generators build (its GPU x GPU matrix alone is 2 GiB);
+#: a larger count is a typo or a unit mistake, rejected before any matrix is allocated.
+MAX_GPUS = 16384
+
 
 class ClusterSpec(FrozenSpec):
     """N nodes x G GPUs and the bandwidth every ordered GPU pair delivers.

@@ -1,0 +1,439 @@
+"""Fuzzing the search on random valid instances (issue 7, item 3).
+
+Random models (<= ~3 B parameters), clusters (the G1-G6 generators, and random node
+matrices with failed pairs and mixed GPU types), training settings and search
+spaces, up to 64 GPUs (``tests/fuzz_strategies.py``).  Properties:
+
+* no crash: the search returns plans or raises :class:`InfeasibleError` (nothing fits)
+  or, for the exact methods, :class:`SolverTimeoutError`; no other exception, and no
+  NaN/overflow RuntimeWarning from the cost models or the solvers;
+* every returned plan passes the checker, respects the search space, fits in memory
+  (as the search reports it, and when evaluated again from scratch), and the plans
+  are ranked by their reported time;
+* analytic model vs simulator, with the tolerance the project claims
+  (``tests/test_agreement.py``, ``tests/test_cost_simulator.py``): the analytic time is
+  a lower bound of the simulated one, and within 2 % of it for plain 1F1B pipelines
+  whose stages are within +-25 % with hops <= 10 % of a forward, and for interleaved
+  pipelines with equal chunks and hops <= 5 % of a chunk's forward;
+* the evaluator and the checker agree on random layouts and placements (failed links,
+  memory);
+* the same seed gives the same plans.  What makes a search deterministic
+  (``pipette_cp/search/loop.py``, ``solvers/base.py``): the scoring phase and every
+  solve stop on the wall clock, so a search repeats itself only when neither the
+  overall ``time_limit_s`` nor any method's share of it is reached.  ``greedy``,
+  ``megatron-default``, ``random`` and ``amp`` are deterministic functions of the
+  seed; ``cpsat`` is (one worker) when every master is solved before its deadline,
+  which holds on small clusters; ``pipette-sa`` anneals until its time is up, as
+  Pipette does, so it is not repeatable and not tested here.  Hence a generous
+  ``time_limit_s`` and ``max_solves`` to bound the work.
+
+Run long: ``HYPOTHESIS_PROFILE=fuzz python -m pytest tests/test_fuzz.py`` (60 x the
+examples).
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from fuzz_strategies import (
+    clusters,
+    event,
+    fuzz_settings,
+    instances,
+    models,
+    note,
+    training_fields,
+)
+from hypothesis import assume, example, given
+from hypothesis import strategies as st
+
+from pipette_cp.checker import check_plan
+from pipette_cp.cost.evaluate import Evaluator, evaluate
+from pipette_cp.cost.pipeline import PipelineInputs, pipeline_times
+from pipette_cp.cost.simulator import simulate_pipeline
+from pipette_cp.errors import InfeasibleError, SolverTimeoutError
+from pipette_cp.io.cluster_file import cluster_from_mapping
+from pipette_cp.search.loop import search
+from pipette_cp.search.space import enumerate_layouts
+from pipette_cp.solvers import SolveOptions, get_method
+from pipette_cp.solvers.baselines import random_placement
+from pipette_cp.specs import Instance, ModelSpec, Plan, SearchSpace, TrainingSpec, validate_spec
+from pipette_cp.specs.layouts import even_split, make_plan
+
+pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
+
+#: Analytic vs simulator (issue 3; tests/test_agreement.py, tests/test_cost_simulator.py).
+TOLERANCE = 0.02
+#: Cheap deterministic methods (a search takes well under a second).
+CHEAP = ["greedy", "megatron-default", "random", "amp"]
+#: Never reached by these searches: the time limit must not decide anything.
+NO_TIME_LIMIT_S = 600.0
+
+
+# ------------------------------------------------------------------ helpers
+def agreement_claimed(evaluator: Evaluator, plan: Plan) -> bool:
+    """Whether ``plan`` lies where the project claims 2 % agreement (module doc)."""
+    x, _ = evaluator.pipeline_inputs(plan)
+    f, b = np.asarray(x.forward_s), np.asarray(x.backward_s)
+    hops = max(np.max(x.fwd_hop_s, initial=0.0), np.max(x.bwd_hop_s, initial=0.0))
+    if plan.vpp == 1:
+        ratio = b / f
+        return bool(
+            f.max() <= f.min() * 1.25 / 0.75
+            and ratio.min() >= 1.8
+            and ratio.max() <= 2.6
+            and ratio.max() <= ratio.min() * 1.02  # one backward ratio, as the claim
+            and hops <= 0.1 * f.min()
+        )
+    equal_chunks = len(set(plan.layer_split)) == 1 and np.allclose(f, f[0], rtol=0.02)
+    return bool(equal_chunks and hops <= 0.05 * f.min())
+
+
+def assert_lower_bound(evaluator: Evaluator, plan: Plan, analytic: float, simulated: float) -> None:
+    """The analytic pipeline time is a lower bound of the simulated one (every term is a
+    path of the schedule), but for the known over-count of the interleaved model
+    (:func:`test_interleaved_analytic_is_a_lower_bound`: an exchange charged
+    ``max(send, receive)`` where only the send happens costs at most the largest hop, on
+    at most ``2 m v + 1`` exchanges).  The iteration adds each stage's DP sync to that
+    stage's end, which the model estimates back from the pipeline's end and may put late
+    (:func:`test_analytic_stage_ends_are_lower_bounds`): with ``dp > 1`` the iteration
+    may exceed the simulator's by up to the longest DP sync, never more."""
+    x, _ = evaluator.pipeline_inputs(plan)
+    slack = 0.0
+    if plan.vpp > 1:
+        largest = max(np.max(x.fwd_hop_s, initial=0.0), np.max(x.bwd_hop_s, initial=0.0))
+        slack = (2 * x.num_micro_batches * plan.vpp + 1) * largest
+    pipeline = pipeline_times(x).pipeline_s
+    assert pipeline <= simulate_pipeline(x, record=False).pipeline_time_s * (1 + 1e-9) + slack
+    tail = float(np.max(x.dp_sync_s)) if plan.dp > 1 else 0.0
+    if analytic > simulated * (1 + 1e-9):
+        event(f"analytic above the simulator (known; vpp {plan.vpp}, dp {plan.dp})")
+    assert analytic <= simulated * (1 + 1e-9) + slack + tail, "analytic must be a lower bound"
+
+
+def assert_agreement(instance: Instance, plan: Plan) -> None:
+    evaluator = Evaluator(instance)
+    analytic = evaluator.evaluate(plan).iteration_time_s
+    simulated = evaluator.evaluate(plan, "simulator").iteration_time_s
+    difference = (analytic - simulated) / simulated
+    note(f"analytic {analytic:.6g} s, simulator {simulated:.6g} s, difference {difference:+.3%}")
+    assert_lower_bound(evaluator, plan, analytic, simulated)
+    if agreement_claimed(evaluator, plan):
+        event(f"agreement claimed (vpp {'> 1' if plan.vpp > 1 else '= 1'})")
+        assert difference >= -TOLERANCE, (plan.layout(), plan.layer_split, difference)
+
+
+def in_space(value: object, allowed: tuple | None) -> bool:
+    return allowed is None or value in allowed
+
+
+def assert_valid_plans(instance: Instance, plans: list[Plan]) -> None:
+    """Checker, search space, memory (reported and re-evaluated), ranking, agreement."""
+    assert plans
+    space, cluster = instance.search_space, instance.cluster
+    times = []
+    for plan in plans:
+        note(f"plan {plan.layout()} split {plan.layer_split} placement {plan.placement}")
+        assert check_plan(instance, plan) == []
+        assert plan.evaluation is not None and plan.evaluation.fits
+        assert evaluate(instance, plan).fits
+        assert in_space(plan.tp, space.tp) and in_space(plan.pp, space.pp)
+        assert in_space(plan.dp, space.dp)
+        assert plan.micro_batch_size in space.micro_batch_size and plan.vpp in space.vpp
+        assert plan.recompute in space.recompute
+        used = plan.num_gpus
+        assert used == cluster.num_gpus if space.use_all_gpus else used <= cluster.num_gpus
+        times.append(plan.evaluation.iteration_time_s)
+        assert_agreement(instance, plan)
+    assert times == sorted(times)
+
+
+def run_search(instance: Instance, method: str, seed: int, **kwargs: float) -> list[Plan] | None:
+    """The plans, or None when nothing fits (the one error a valid instance may give)."""
+    try:
+        return search(instance, method=method, top_k=3, seed=seed, **kwargs).plans  # type: ignore[arg-type]
+    except InfeasibleError as exc:
+        event("infeasible")
+        note(str(exc))
+        assert "\n" not in str(exc)
+        return None
+
+
+# ------------------------------------------------------------------ regressions
+def _single_node_instance() -> Instance:
+    """Fuzzing found it: one node, dp=2, MILP placement."""
+    return Instance(
+        name="one-node",
+        model=ModelSpec(
+            name="fuzz",
+            num_layers=1,
+            hidden_size=16,
+            num_attention_heads=1,
+            ffn_hidden_size=16,
+            vocab_size=100,
+            max_seq_length=128,
+        ),
+        cluster=cluster_from_mapping(
+            {
+                "gpu": "a100",
+                "gpus_per_node": 2,
+                "node_bandwidth_gb_per_s": [[None]],
+                "nic_bandwidth_gb_per_s": 1,
+                "intra_node_bandwidth_gb_per_s": 10,
+            },
+        ),
+        training=TrainingSpec(global_batch_size=2, seq_length=128),
+    )
+
+
+@pytest.mark.parametrize("method", ["milp", "cpsat"])
+def test_units_with_one_place_in_the_symmetry_breaking(method: str) -> None:
+    """Every unit of a one-node cluster has a single place, so its placement literal is
+    the constant 1; the DP-ring symmetry breaking passed it to PuLP as a variable
+    (AttributeError: 'int' object has no attribute 'hash').  Fixed in
+    ``PlacementModel.add_symmetry_breaking``: constants go to the right-hand side."""
+    inst = _single_node_instance()
+    plans = search(inst, method=method, top_k=2, time_limit_s=NO_TIME_LIMIT_S, max_solves=2).plans
+    assert plans[0].layout().startswith("dp2-pp1-tp1")
+    assert_valid_plans(inst, plans)
+
+
+def test_a_timeout_of_one_candidate_does_not_end_the_search() -> None:
+    """Fuzzing found it: six one-GPU nodes linked in pairs only; the exact master of a
+    layout whose DP ring must cross a failed pair timed out, and its SolverTimeoutError
+    escaped the search, ending it even when other layouts had been solved (fixed in the
+    search loop meanwhile: every method failure is survived).  Every layout of six GPUs
+    crosses a failed pair here, so the search ends, however the time falls, in the one
+    error of a search that found nothing: InfeasibleError, one line."""
+    rows = [
+        [None if i == j else (20 if i // 2 == j // 2 else 0) for j in range(6)] for i in range(6)
+    ]
+    inst = Instance(
+        name="pairs",
+        model=ModelSpec(
+            name="fuzz",
+            num_layers=6,
+            hidden_size=16,
+            num_attention_heads=1,
+            ffn_hidden_size=16,
+            vocab_size=100,
+            max_seq_length=128,
+        ),
+        cluster=cluster_from_mapping(
+            {
+                "gpu": "a100-40gb",
+                "gpus_per_node": 1,
+                "node_bandwidth_gb_per_s": rows,
+                "nic_bandwidth_gb_per_s": 1,
+                "nics_per_node": 1,
+            },
+        ),
+        training=TrainingSpec(global_batch_size=6, seq_length=128),
+        search_space=SearchSpace(use_all_gpus=False),
+    )
+    with pytest.raises(InfeasibleError) as info:
+        search(inst, method="cpsat", top_k=3, time_limit_s=3)
+    assert "\n" not in str(info.value)
+
+
+def _dp_ring_case() -> tuple[Instance, Plan]:
+    """Three 2-GPU nodes, nodes 0 and 1 not linked; stages 0 and 2 have their two
+    replicas on nodes 0 and 1, stage 1 both on node 2."""
+    rows = [[None, 0, 20], [0, None, 20], [20, 20, None]]
+    inst = Instance(
+        name="split-rings",
+        model=ModelSpec(
+            name="fuzz",
+            num_layers=3,
+            hidden_size=16,
+            num_attention_heads=1,
+            ffn_hidden_size=16,
+            vocab_size=100,
+            max_seq_length=128,
+            tied_embeddings=False,
+        ),
+        cluster=cluster_from_mapping(
+            {
+                "gpu": "a100",
+                "gpus_per_node": 2,
+                "node_bandwidth_gb_per_s": rows,
+                "nic_bandwidth_gb_per_s": 20,
+                "intra_node_bandwidth_gb_per_s": 200,
+            },
+        ),
+        training=TrainingSpec(global_batch_size=2, seq_length=128),
+    )
+    placement = ((0,), (2,), (4,), (5,), (1,), (3,))
+    return inst, Plan(dp=2, pp=3, tp=1, micro_batch_size=1, layer_split=(1, 1, 1),
+                      placement=placement)  # fmt: skip
+
+
+@pytest.mark.xfail(strict=True, reason="the interleaved analytic model charges receives that "
+                   "do not happen (issue 7 report: fix and new pins for test_cost_pipeline)")  # fmt: skip
+def test_interleaved_analytic_is_a_lower_bound() -> None:
+    """Fuzzing found it (searched plans on G3 clusters, whose links differ by direction):
+    the interleaved analytic time above the simulator's, so not the lower bound the module
+    claims.  ``interleaved()`` charges every warm-up exchange of stage 0 the receive of
+    the next input from the last stage and every cool-down exchange of the last stage the
+    receive of the next gradient, but a chunk-0 input comes from the data and a last-chunk
+    gradient from the loss: no receive, only the send.  ``_gradient_chain`` also charges
+    an exchange after the last steady backward, whose send Megatron waits for only at the
+    end.  Here the wrap-around hop (0.5) is charged twice in stage 0's warm-up: 26.0 s
+    against the simulator's 25.0 s (4 %; 0.0007 % in the fuzzed plan)."""
+    f = np.array([1.0, 1.0, 3.0, 1.0])
+    x = PipelineInputs(pp=2, vpp=2, schedule="interleaved", num_micro_batches=2, forward_s=f,
+                       backward_s=2 * f, fwd_hop_s=np.array([0.0, 0.5]), bwd_hop_s=np.zeros(2))  # fmt: skip
+    simulated = simulate_pipeline(x, record=False).pipeline_time_s
+    assert simulated == pytest.approx(25.0)
+    assert pipeline_times(x).pipeline_s <= simulated * (1 + 1e-9)
+
+
+@pytest.mark.xfail(strict=True, reason="1F1B stage ends are estimated back from the pipeline's "
+                   "end, not bounded (issue 7 report)")  # fmt: skip
+def test_analytic_stage_ends_are_lower_bounds() -> None:
+    """Fuzzing found it (a random placement whose last stage's DP ring crosses a 1 GB/s
+    link): the analytic iteration 0.02 % above the simulator's.  ``pipeline_times`` puts
+    the end of stage ``s`` at ``T - drain_s`` (the pipeline's end less the gradient chain
+    below ``s``), which holds on the critical path only; a stage off it ends earlier, and
+    its DP sync, which starts at that end, is then placed late.  Here stage 2 ends at 9 s,
+    not 10 s: with a DP sync of 10 s on stage 2 alone, the analytic iteration is 20 s
+    against 19 s.  A valid bound, ``max(path of a stage >= s) - drain_s``, is much looser
+    on balanced pipelines (47.5 s -> 26.2 s for the last stage of ``1f1b-p5-m12`` in
+    ``test_cost_pipeline.py``, 48.4 s simulated), so the fix is left to the cost model."""
+    f = np.array([2.0, 1.0, 1.0])
+    x = PipelineInputs(pp=3, num_micro_batches=2, forward_s=f, backward_s=2 * f,
+                       fwd_hop_s=np.zeros(3), bwd_hop_s=np.zeros(3))  # fmt: skip
+    simulated = simulate_pipeline(x, record=False).stage_end_s
+    assert simulated.tolist() == [16.0, 12.0, 9.0]
+    assert (pipeline_times(x).stage_end_s <= simulated + 1e-9).all()
+
+
+def test_dp_ring_over_a_failed_link_is_infeasible_not_infinite() -> None:
+    """Fuzzing found it: with NCCL's "best" algorithm, a DP ring over a failed pair
+    whose two-level alternative does not apply (local groups of unequal size: stage 1
+    sits on one node) gave an iteration time of inf (and NaN cuts in the split model)
+    instead of the InfeasibleError the checker's ``no_failed_link`` family predicts.
+    Fixed in ``comm.collective_times_s``."""
+    inst, plan = _dp_ring_case()
+    assert [v.family for v in check_plan(inst, plan)] == ["no_failed_link"]
+    with pytest.raises(InfeasibleError, match="failed GPU pair"):
+        evaluate(inst, plan)
+
+
+@pytest.mark.parametrize("method", ["cpsat", "milp"])
+def test_more_units_than_places_that_fit_is_infeasible(method: str) -> None:
+    """Fuzzing found it: only one GPU (an H200 among A100-40GBs) holds a replica of the
+    model, and the skeleton's DP ring crosses a failed pair, so the placement is solved
+    before the split; its four units then each had a single place, the same one, and
+    ``add_placement_bijection`` stopped on ``assert cap >= 0`` (AssertionError) instead
+    of reporting the infeasibility.  Fixed: InfeasibleError, which the search survives."""
+    model = ModelSpec(name="big", num_layers=32, hidden_size=2560, num_attention_heads=32,
+                      ffn_hidden_size=10240, vocab_size=32000, max_seq_length=2048)  # fmt: skip
+    pairs = [[None, 20, 0, 0], [20, None, 0, 0], [0, 0, None, 20], [0, 0, 20, None]]
+    cluster = cluster_from_mapping(
+        {"node_gpu_types": ["a100-40gb", "a100-40gb", "a100-40gb", "h200"], "gpus_per_node": 1,
+         "node_bandwidth_gb_per_s": pairs, "nic_bandwidth_gb_per_s": 20}
+    )  # fmt: skip
+    training = TrainingSpec(global_batch_size=4, seq_length=2048)
+    inst = Instance(name="one-big-gpu", model=model, cluster=cluster, training=training)
+    skeleton = make_plan(num_layers=32, dp=4, pp=1, tp=1, micro_batch_size=1)
+    with pytest.raises(InfeasibleError, match="can only go to place"):
+        get_method(method)(inst, skeleton, SolveOptions(time_limit_s=NO_TIME_LIMIT_S))
+    with pytest.raises(InfeasibleError):
+        search(inst, method=method, time_limit_s=NO_TIME_LIMIT_S, max_solves=2)
+
+
+# ------------------------------------------------------------------ properties
+@fuzz_settings(12)
+@given(instances(), st.sampled_from(CHEAP), st.integers(0, 3))
+def test_search_with_heuristics(instance: Instance, method: str, seed: int) -> None:
+    """No crash; every plan valid, fitting, in the space, ranked, and in agreement."""
+    plans = run_search(instance, method, seed, time_limit_s=NO_TIME_LIMIT_S, max_solves=3)
+    if plans is not None:
+        event(f"{method}: plans")
+        assert_valid_plans(instance, plans)
+
+
+@fuzz_settings(3)
+@given(instances(), st.sampled_from(["cpsat", "milp"]), st.integers(0, 3))
+@example(_single_node_instance(), "milp", 0)
+def test_search_with_exact_methods(instance: Instance, method: str, seed: int) -> None:
+    """The exact methods under a short time limit: any outcome but a crash or a bad plan."""
+    assume(instance.cluster.num_gpus <= 32)
+    try:
+        plans = run_search(instance, method, seed, time_limit_s=4.0, max_solves=2)
+    except SolverTimeoutError as exc:  # only an exact method may report running out of time
+        event("timed out")
+        assert "\n" not in str(exc)
+        return
+    if plans is not None:
+        assert_valid_plans(instance, plans)
+
+
+def plan_key(plans: list[Plan] | None) -> object:
+    if plans is None:
+        return None
+    return [(p.layout(), p.layer_split, p.placement) for p in plans]
+
+
+@fuzz_settings(6)
+@given(instances(), st.sampled_from(CHEAP), st.integers(0, 2**16))
+def test_same_seed_same_plans(instance: Instance, method: str, seed: int) -> None:
+    first = run_search(instance, method, seed, time_limit_s=NO_TIME_LIMIT_S, max_solves=3)
+    again = run_search(instance, method, seed, time_limit_s=NO_TIME_LIMIT_S, max_solves=3)
+    assert plan_key(first) == plan_key(again)
+
+
+@fuzz_settings(2)
+@given(instances(), st.integers(0, 3))
+def test_same_seed_same_plans_cpsat_small(instance: Instance, seed: int) -> None:
+    """CP-SAT (one worker) repeats itself when no deadline is reached: small clusters."""
+    assume(instance.cluster.num_gpus <= 8)
+    first = run_search(instance, "cpsat", seed, time_limit_s=NO_TIME_LIMIT_S, max_solves=1)
+    again = run_search(instance, "cpsat", seed, time_limit_s=NO_TIME_LIMIT_S, max_solves=1)
+    assert plan_key(first) == plan_key(again)
+
+
+@st.composite
+def random_plans(draw: st.DrawFn) -> tuple[Instance, Plan]:
+    """A valid instance and one of its layouts with a random split and placement."""
+    model, cluster = draw(models()), draw(clusters())
+    training = validate_spec(TrainingSpec, draw(training_fields()), "training")
+    instance = Instance(name="fuzz", model=model, cluster=cluster, training=training)
+    layouts = list(enumerate_layouts(instance))
+    assume(layouts)
+    plan = draw(st.sampled_from(layouts))
+    chunks = plan.pp * plan.vpp
+    split = list(even_split(model.num_layers, plan.pp, plan.vpp))
+    for _ in range(draw(st.integers(0, 4))):  # move layers between chunks, keep >= 1 each
+        a, b = draw(st.integers(0, chunks - 1)), draw(st.integers(0, chunks - 1))
+        if a != b and split[a] > 1:
+            split[a], split[b] = split[a] - 1, split[b] + 1
+    rng = random.Random(draw(st.integers(0, 2**16)))
+    placement = random_placement(cluster, plan.dp, plan.pp, plan.tp, rng)
+    return instance, plan.model_copy(update={"layer_split": tuple(split), "placement": placement})
+
+
+@fuzz_settings(40)
+@given(random_plans())
+@example(_dp_ring_case())
+def test_evaluator_and_checker_agree(case: tuple[Instance, Plan]) -> None:
+    """On any layout and placement: the evaluator rejects a failed link only if the
+    checker sees one, ``fits`` is the checker's memory family, and the analytic model
+    is a lower bound of the simulator."""
+    instance, plan = case
+    families = {v.family for v in check_plan(instance, plan)}
+    assert families <= {"no_failed_link", "memory_limit"}, families
+    try:
+        evaluation = evaluate(instance, plan)
+    except InfeasibleError as exc:
+        event("failed link")
+        assert "no_failed_link" in families, str(exc)
+        return
+    event("fits" if evaluation.fits else "does not fit")
+    assert evaluation.fits == ("memory_limit" not in families)
+    assert np.isfinite(evaluation.iteration_time_s) and evaluation.iteration_time_s > 0
+    simulated = evaluate(instance, plan, predictor="simulator").iteration_time_s
+    assert_lower_bound(Evaluator(instance), plan, evaluation.iteration_time_s, simulated)
