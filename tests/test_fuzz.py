@@ -270,8 +270,6 @@ def _dp_ring_case() -> tuple[Instance, Plan]:
                       placement=placement)  # fmt: skip
 
 
-@pytest.mark.xfail(strict=True, reason="the interleaved analytic model charges receives that "
-                   "do not happen (issue 7 report: fix and new pins for test_cost_pipeline)")  # fmt: skip
 def test_interleaved_analytic_is_a_lower_bound() -> None:
     """Fuzzing found it (searched plans on G3 clusters, whose links differ by direction):
     the interleaved analytic time above the simulator's, so not the lower bound the module

@@ -213,9 +213,11 @@ def interleaved(x: PipelineInputs) -> tuple[float, np.ndarray]:
     cf_out = np.where(not_last, x.fwd_hop_s[hop_f], 0.0)
     cb_out = np.where(not_first, x.bwd_hop_s[hop_b], 0.0)
     send = cf_out[vs]
-    # warm-up calls also receive the next input, cool-down calls the next gradient
-    wsend = np.maximum(send, x.fwd_hop_s[prev][:, None])
-    bsend = np.maximum(cb_out[vs], x.bwd_hop_s[:, None])
+    # warm-up calls also receive the next input, cool-down calls the next gradient; the
+    # ones of the first (last) stage not always (a chunk-0 input comes from the data, a
+    # last-chunk gradient from the loss): their hop is not charged there
+    wsend = np.maximum(send, np.where(s > 0, x.fwd_hop_s[prev], 0.0)[:, None])
+    bsend = np.maximum(cb_out[vs], np.where(s < p - 1, x.bwd_hop_s, 0.0)[:, None])
     warm_fwd, steady_fwd = n_warm * (fs + wsend), fs + send
     fwd_busy = (warm_fwd + n_steady * steady_fwd).sum(axis=1)
     # the last backward's own send belongs to the drain
@@ -263,7 +265,10 @@ def _chain_indices(p: int, v: int, m: int) -> tuple[np.ndarray, ...]:
     fop = s * v + fchunk  # forward op k of stage s in the (p, v) table
     u_b = (v - 1 - fchunk) * p + s
     nxt = np.take_along_axis(fop, np.minimum(k + 1 + warm, total - 1), axis=1)
-    gap = np.where(k + 1 < total - warm, nxt, n + s * v + fchunk)
+    # after the last steady backward only the next gradient is awaited: its send is
+    # waited at the very end (Megatron's overlap_p2p_comm), so no exchange is charged
+    cool = np.where(k + 1 == total - warm, 2 * n, n + s * v + fchunk)
+    gap = np.where(k + 1 < total - warm, nxt, cool)
     head = np.where(np.arange(total)[None, :] <= warm, fop, 2 * n)
     for a in (u_b, gap, head):
         a.flags.writeable = False
@@ -286,7 +291,8 @@ def _gradient_chain(x: PipelineInputs, fill: np.ndarray, fs: np.ndarray) -> floa
     # per (stage, chunk): forward op time (with its send), cool-down send of the mirror chunk
     u_f, mirror = c * p + s, (v - 1 - c) * p + s
     fop = fs + np.where(u_f < n - 1, x.fwd_hop_s[s], 0.0)
-    cool = np.maximum(np.where(mirror > 0, x.bwd_hop_s[(s - 1) % p], 0.0), x.bwd_hop_s[s])
+    cool = np.maximum(np.where(mirror > 0, x.bwd_hop_s[(s - 1) % p], 0.0),
+                      np.where(s < p - 1, x.bwd_hop_s[s], 0.0))  # as bsend in interleaved()  # fmt: skip
     table = np.concatenate((fop.ravel(), cool.ravel(), [0.0]))
     bop = x.backward_s[u_b]
     # own-sequence start of backward op k, from the start of forward op 0:
