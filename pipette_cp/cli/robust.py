@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 
-from pipette_cp.cli.app import console, err_console
+from pipette_cp.cli.app import console
+from pipette_cp.cli.progress import search_progress
 from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.cluster_file import read_cluster_file
 from pipette_cp.report.plans import plans_table
@@ -46,14 +46,6 @@ QuantileOption = Annotated[
         "(1 = worst snapshot, 0.5 = median).",
     ),
 ]
-
-_PHASES = {
-    "bounds": "bounding layouts",
-    "score": "scoring",
-    "solve": "solving split + placement",
-    "rerank": "re-ranking (simulator)",
-    "robust": "scoring on every snapshot",
-}
 
 
 def snapshot_paths(values: Sequence[str]) -> list[Path]:
@@ -110,15 +102,7 @@ def solve_robust(
     q = check_quantile(quantile, "--quantile")
     paths = snapshot_paths(values)
     snapshots = [read_cluster_file(p) for p in paths]
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
-    with Progress(*columns, console=err_console, transient=True, disable=as_json) as bar:
-        tasks: dict[str, TaskID] = {}
-
-        def progress(phase: str, done: int, total: int) -> None:
-            if phase not in tasks:
-                tasks[phase] = bar.add_task(_PHASES.get(phase, phase), total=total)
-            bar.update(tasks[phase], completed=done, total=total)
-
+    with search_progress(disable=as_json) as progress:
         result = robust_search(
             inst, snapshots, quantile=q, method=method, top_k=top, time_limit_s=time_limit,
             seed=seed, space=space, progress=progress,

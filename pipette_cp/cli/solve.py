@@ -7,17 +7,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
 from pipette_cp.api import solve_with_stats
-from pipette_cp.cli.app import app, console, err_console
+from pipette_cp.cli.app import app, console
 from pipette_cp.cli.options import (
     ClusterOption,
     GlobalBatchOption,
@@ -26,22 +18,15 @@ from pipette_cp.cli.options import (
     SeqLengthOption,
     resolve_instance,
 )
+from pipette_cp.cli.progress import search_progress
 from pipette_cp.cli.robust import QuantileOption, SnapshotsOption, solve_robust
 from pipette_cp.errors import SpecError
 from pipette_cp.io.cluster_file import cluster_to_mapping
 from pipette_cp.io.files import write_yaml
-from pipette_cp.io.instance_file import DEFAULT_INSTANCE, load_instance
+from pipette_cp.io.instance_file import DEFAULT_INSTANCE
 from pipette_cp.report.plans import plans_json, plans_table
 from pipette_cp.solvers import METHODS
 from pipette_cp.specs import Instance, SearchSpace, validate_spec
-
-_PHASES = {
-    "bounds": "bounding layouts",
-    "score": "scoring",
-    "sweep": "greedy sweep",
-    "solve": "solving split + placement",
-    "rerank": "re-ranking (simulator)",
-}
 
 
 def _ints(option: str, text: str | None) -> tuple[int, ...] | None:
@@ -100,7 +85,8 @@ def solve(
         instance, model=model, cluster=cluster, profile=profile,
         global_batch=global_batch, seq_length=seq_length,
     )  # fmt: skip
-    if inst.name != load_instance(instance).name or profile or global_batch or seq_length:
+    replaced = (model, cluster, profile, global_batch, seq_length)
+    if any(part is not None for part in replaced):  # the instance file no longer describes it
         instance = str(_write_instance(inst, out, cluster, profile)) if out else inst.name
     space = _override(
         inst.search_space,
@@ -113,20 +99,7 @@ def solve(
             space=space, as_json=as_json, out=out, cluster=cluster, profile=profile,
             write_instance=_write_instance,
         )  # fmt: skip
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=err_console, transient=True, disable=as_json) as bar:
-        tasks: dict[str, TaskID] = {}
-
-        def progress(phase: str, done: int, total: int) -> None:
-            if phase not in tasks:
-                tasks[phase] = bar.add_task(_PHASES.get(phase, phase), total=total)
-            bar.update(tasks[phase], completed=done, total=total)
-
+    with search_progress(disable=as_json) as progress:
         result = solve_with_stats(
             inst,
             method=method,
