@@ -76,8 +76,7 @@ def solve_with_stats(
     constraints: Sequence[ConstraintFamily] = (),
 ) -> SearchResult:
     """:func:`solve`, also returning what the search did."""
-    name = instance.name if isinstance(instance, Instance) else str(instance)
-    inst = instance if isinstance(instance, Instance) else load_instance(instance)
+    name, inst = _resolve(instance)
     result = search(
         inst,
         method=method,
@@ -118,8 +117,7 @@ def solve_robust(
     >>> result.scores_s[0] == max(result.times_s[0])
     True
     """
-    name = instance.name if isinstance(instance, Instance) else str(instance)
-    inst = instance if isinstance(instance, Instance) else load_instance(instance)
+    name, inst = _resolve(instance)
     clusters = [s if isinstance(s, ClusterSpec) else read_cluster_file(s) for s in snapshots]
     result = robust_search(
         inst,
@@ -135,3 +133,10 @@ def solve_robust(
     )
     result.plans = [p.model_copy(update={"instance": name}) for p in result.plans]
     return result
+
+
+def _resolve(instance: Instance | str | Path) -> tuple[str, Instance]:
+    """The name plans record (the bundled name or path given) and the instance."""
+    if isinstance(instance, Instance):
+        return instance.name, instance
+    return str(instance), load_instance(instance)
