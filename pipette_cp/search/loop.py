@@ -162,7 +162,7 @@ def search(
         min((_time(p) for p in pool), default=math.inf),
     )
     if not plans:  # every solve failed or ran out of time: the scored skeletons remain
-        plans = _fallback(instance, candidates, options, method, top_k)
+        plans = _fallback(evaluator, candidates, options, method, top_k)
         stats.notes.append(f"{method} returned no plan in time: Megatron's defaults returned")
     if not plans and stats.solved == 0 and stats.skipped_budget:
         raise InfeasibleError(
@@ -294,12 +294,16 @@ def _solve_all(
 
 
 def _fallback(
-    instance: Instance, candidates: list[Candidate], options: SolveOptions, method: str, top_k: int
+    evaluator: Evaluator,
+    candidates: list[Candidate],
+    options: SolveOptions,
+    method: str,
+    top_k: int,
 ) -> list[Plan]:
     """A plan whenever a heuristic finds one: the best scored skeletons (even split,
     Megatron's placement) that fit, pass the checker and the user families; if none
     does, the greedy method on the most promising skeletons.  Marked ``heuristic``."""
-    evaluator = Evaluator(instance)
+    instance = evaluator.instance
     found: list[Plan] = []
     for cand in candidates:
         if len(found) >= max(top_k, 1) or not math.isfinite(cand.score_s):
