@@ -11,8 +11,8 @@ from conftest import small_instance
 from pipette_cp.checker.checks import CHECKS
 from pipette_cp.cost.compute import chunk_times, layer_times
 from pipette_cp.errors import LayoutError
-from pipette_cp.solvers import amp
-from pipette_cp.solvers.base import METHODS, SolveOptions
+from pipette_cp.solvers import METHODS, SolveOptions
+from pipette_cp.solvers.baselines import amp
 from pipette_cp.specs import Plan
 from pipette_cp.specs.layouts import make_plan, megatron_placement
 

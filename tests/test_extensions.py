@@ -11,13 +11,13 @@ from pipette_cp.checker.checks import check_plan
 from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.errors import InfeasibleError
 from pipette_cp.solvers import get_method
-from pipette_cp.solvers.base import SolveOptions
 from pipette_cp.solvers.extensions import (
     ConstraintFamily,
     PlacementContext,
     SplitContext,
     family_violations,
 )
+from pipette_cp.solvers.options import SolveOptions
 from pipette_cp.solvers.split import solve_split
 from pipette_cp.specs import Instance, Plan
 from pipette_cp.specs.layouts import make_plan

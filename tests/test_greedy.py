@@ -9,10 +9,9 @@ from conftest import small_instance
 from pipette_cp.checker.checks import CHECKS
 from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.errors import LayoutError
-from pipette_cp.solvers import greedy  # noqa: F401  (registration)
-from pipette_cp.solvers.base import METHODS, SolveOptions
-from pipette_cp.solvers.greedy import node_costs, walk
-from pipette_cp.solvers.placement_build import build_placement_data
+from pipette_cp.solvers import METHODS, SolveOptions
+from pipette_cp.solvers.baselines.greedy import node_costs, walk
+from pipette_cp.solvers.placement.build import build_placement_data
 from pipette_cp.specs.layouts import make_plan
 
 FAMILIES = ("split_covers_layers", "split_contiguous", "placement_bijection", "tp_within_node",

@@ -13,8 +13,8 @@ from conftest import small_instance
 
 from pipette_cp.checker.checks import CHECKS, check_no_failed_link
 from pipette_cp.errors import LayoutError
-from pipette_cp.solvers import pipette_sa as sa
-from pipette_cp.solvers.base import METHODS, SolveOptions
+from pipette_cp.solvers import METHODS, SolveOptions
+from pipette_cp.solvers.baselines import pipette_sa as sa
 from pipette_cp.specs import Instance, Plan
 from pipette_cp.specs.layouts import make_plan
 

@@ -12,14 +12,15 @@ from pipette_cp.checker.checks import CHECKS, check_no_failed_link
 from pipette_cp.clusters.expand import cluster_from_node_matrix
 from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.errors import InfeasibleError, LayoutError, SolverTimeoutError
-from pipette_cp.solvers import placement
-from pipette_cp.solvers.base import METHODS, SolveOptions
-from pipette_cp.solvers.placement import solve_placement, two_level_possible
-from pipette_cp.solvers.placement_build import build_placement_data
-from pipette_cp.solvers.placement_cpsat import TIME_QUANTUM_S, CpSatBackend, to_quanta
-from pipette_cp.solvers.placement_kelley import CutPool, bounds, kelley, lower_x
-from pipette_cp.solvers.placement_milp import MilpBackend
-from pipette_cp.solvers.placement_model import PlacementModel
+from pipette_cp.solvers import METHODS, SolveOptions, placement
+from pipette_cp.solvers.methods import exact_placement
+from pipette_cp.solvers.placement import solve as placement_solve
+from pipette_cp.solvers.placement import two_level_possible
+from pipette_cp.solvers.placement.build import build_placement_data
+from pipette_cp.solvers.placement.cpsat import TIME_QUANTUM_S, CpSatBackend, to_quanta
+from pipette_cp.solvers.placement.kelley import CutPool, bounds, kelley, lower_x
+from pipette_cp.solvers.placement.milp import MilpBackend
+from pipette_cp.solvers.placement.model import PlacementModel
 from pipette_cp.specs import Instance, SearchSpace, TrainingSpec, resolve_gpu
 from pipette_cp.specs.layouts import make_plan
 
@@ -113,7 +114,7 @@ def test_lower_bound_is_below_every_placement() -> None:
 def test_failed_links_are_never_used() -> None:
     instance = degraded(4, seed=0, fail=0.3)  # one failed pair, a placement avoids it
     plan = plan_of(2, 2, 4)
-    result = solve_placement(instance, plan, SolveOptions(time_limit_s=5))
+    result = exact_placement(instance, plan, SolveOptions(time_limit_s=5))
     assert check_no_failed_link(instance, result) == []
     assert [v for f in STRUCTURAL for v in CHECKS[f](instance, result)] == []
 
@@ -122,7 +123,7 @@ def test_infeasible_is_told_apart_from_timeout() -> None:
     m = np.array([[0, 0, 20e9], [0, 0, 20e9], [20e9, 20e9, 0]])  # nodes 0 and 1 cannot talk
     instance = small_instance(nodes=3, gpus_per_node=2, node_bandwidth=m, global_batch_size=12)
     with pytest.raises(InfeasibleError):
-        solve_placement(instance, plan_of(3, 1, 2), SolveOptions(time_limit_s=5))
+        exact_placement(instance, plan_of(3, 1, 2), SolveOptions(time_limit_s=5))
 
 
 def test_tp_must_divide_the_node() -> None:
@@ -134,7 +135,7 @@ def test_report_time_limit_and_never_worse_than_hints() -> None:
     instance = degraded(8, seed=5, fail=0.1, global_batch_size=32)
     plan = plan_of(4, 2, 4)
     started = time.perf_counter()
-    result = solve_placement(instance, plan, SolveOptions(time_limit_s=3.0))
+    result = exact_placement(instance, plan, SolveOptions(time_limit_s=3.0))
     assert time.perf_counter() - started < 3.0 + 1.5
     info = result.solve_info
     assert info is not None and info.method == "cpsat"
@@ -151,9 +152,9 @@ def test_two_level_all_reduce_voids_the_bound() -> None:
     instance = degraded(2, fail=0.0)
     plan = plan_of(8, 1, 1)
     assert two_level_possible(build_placement_data(instance, plan))
-    info = solve_placement(instance, plan, SolveOptions(time_limit_s=5)).solve_info
+    info = exact_placement(instance, plan, SolveOptions(time_limit_s=5)).solve_info
     assert info is not None and info.bound is None and info.status == "feasible"
-    ring = solve_placement(instance, plan, SolveOptions(time_limit_s=5), dp_algorithm="ring")
+    ring = exact_placement(instance, plan, SolveOptions(time_limit_s=5), dp_algorithm="ring")
     assert ring.solve_info is not None and ring.solve_info.status == "optimal"
 
 
@@ -188,10 +189,10 @@ def test_master_alone_finds_the_optimum_from_nothing(backend) -> None:
 
 
 def test_large_neighbourhood_search_path(monkeypatch) -> None:
-    monkeypatch.setattr(placement, "EXACT_SIZE", 0)
+    monkeypatch.setattr(placement_solve, "EXACT_SIZE", 0)
     instance = degraded(8, seed=2, fail=0.1, global_batch_size=32)
     plan = plan_of(4, 2, 4)
-    result = solve_placement(instance, plan, SolveOptions(time_limit_s=4.0))
+    result = exact_placement(instance, plan, SolveOptions(time_limit_s=4.0))
     info = result.solve_info
     assert info is not None and info.status in ("optimal", "feasible")
     assert info.bound is not None and info.bound <= info.objective
@@ -223,7 +224,7 @@ def test_memory_limit_keeps_stages_on_gpus_that_fit() -> None:
     data = build_placement_data(instance, plan)
     if data.allowed.all() or not data.allowed.any(axis=1).all():
         pytest.skip("the memory model puts no stage between the two GPU sizes")
-    result = solve_placement(instance, plan, SolveOptions(time_limit_s=5))
+    result = exact_placement(instance, plan, SolveOptions(time_limit_s=5))
     assert CHECKS["memory_limit"](instance, result) == []
 
 

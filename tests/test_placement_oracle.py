@@ -1,6 +1,6 @@
 """Exact placement vs the brute-force oracle on tiny random clusters (<= 8 units).
 
-The oracle (:mod:`pipette_cp.solvers.brute_force`) enumerates every placement on
+The oracle (:mod:`pipette_cp.solvers.placement.oracle`) enumerates every placement on
 tp-aligned blocks and scores it with the Evaluator; the exact methods must
 reach its optimum, with DP rings in replica order (the master's model) and
 with the Evaluator's default choice of ring or two-level all-reduce whenever
@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 
 from pipette_cp.errors import InfeasibleError, SpecError
 from pipette_cp.solvers import placement
-from pipette_cp.solvers.base import SolveOptions
-from pipette_cp.solvers.brute_force import brute_force_placement
-from pipette_cp.solvers.placement import solve_placement
-from pipette_cp.solvers.placement_build import build_placement_data
-from pipette_cp.solvers.placement_kelley import CutPool, kelley, lower_x
+from pipette_cp.solvers.methods import exact_placement
+from pipette_cp.solvers.options import SolveOptions
+from pipette_cp.solvers.placement.build import build_placement_data
+from pipette_cp.solvers.placement.kelley import CutPool, kelley, lower_x
+from pipette_cp.solvers.placement.oracle import brute_force_placement
 from pipette_cp.specs import Instance, SearchSpace
 from pipette_cp.specs.layouts import make_plan
 
@@ -62,7 +62,7 @@ def tiny_problems(draw: st.DrawFn) -> tuple[Instance, object] | None:
 
 def _solve(instance, plan, algorithm, backend="cpsat"):
     try:
-        return solve_placement(instance, plan, SolveOptions(time_limit_s=10), backend, algorithm)
+        return exact_placement(instance, plan, SolveOptions(time_limit_s=10), backend, algorithm)
     except InfeasibleError:
         return None
 

@@ -9,7 +9,7 @@ from conftest import small_instance
 from pipette_cp.checker.checks import check_plan
 from pipette_cp.errors import SolverTimeoutError
 from pipette_cp.search.loop import search
-from pipette_cp.solvers.base import METHODS, SolveOptions
+from pipette_cp.solvers import METHODS, SolveOptions
 from pipette_cp.specs import Instance, Plan
 
 

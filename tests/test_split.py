@@ -20,16 +20,16 @@ from pipette_cp.checker.checks import (
 from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.cost.memory import memory_by_stage, usable_memory_bytes
 from pipette_cp.errors import InfeasibleError, LayoutError
-from pipette_cp.solvers import split_cost as split_cost_module
-from pipette_cp.solvers.base import METHODS, SolveOptions
+from pipette_cp.solvers import METHODS, SolveOptions
 from pipette_cp.solvers.split import (
     brute_force_split,
     megatron_split_args,
     solve_split,
     with_optimal_split,
 )
-from pipette_cp.solvers.split_cost import MemoryModel, split_cost
-from pipette_cp.solvers.split_heuristics import feasible_start, local_search
+from pipette_cp.solvers.split import cost as split_cost_module
+from pipette_cp.solvers.split.cost import MemoryModel, split_cost
+from pipette_cp.solvers.split.heuristics import feasible_start, local_search
 from pipette_cp.specs import Instance, Plan
 from pipette_cp.specs.layouts import even_split, make_plan
 from pipette_cp.units import GB, GiB

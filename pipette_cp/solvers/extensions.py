@@ -39,17 +39,31 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from pipette_cp.specs import Instance, Plan
 
-if TYPE_CHECKING:
-    from pipette_cp.solvers.placement_model import PlacementModel
-
 #: ``[(coefficient, variable), ...]``; integer coefficients, variables from a context.
 LinearTerms = Sequence[tuple[int, Any]]
+
+
+class RowSink(Protocol):
+    """Takes integer rows (a placement backend, or the split model)."""
+
+    def add_linear(self, terms: LinearTerms, sense: str, rhs: int, name: str) -> None: ...
+
+
+class PlacementMaster(Protocol):
+    """What :class:`PlacementContext` reads of the placement master
+    (:class:`~pipette_cp.solvers.placement.model.PlacementModel`): its data
+    (:class:`~pipette_cp.solvers.placement.data.PlacementData`), the literals
+    ``place[unit][place]`` and the backend ``b`` (``new_bool``, ``add_linear``)."""
+
+    data: Any
+    place: list[dict[int, Any]]
+    b: Any
 
 
 class ConstraintFamily:
@@ -86,7 +100,7 @@ class PlacementContext:
     the model) or one tp-aligned GPU block; :meth:`gpus_of_place` lists its GPUs.
     """
 
-    def __init__(self, model: PlacementModel) -> None:
+    def __init__(self, model: PlacementMaster) -> None:
         self._model = model
         self.data = model.data
         self.instance: Instance = model.data.instance
@@ -160,7 +174,7 @@ class SplitContext:
     instance: Instance
     plan: Plan
     layers: list[Any]
-    master: Any
+    master: RowSink
 
     def add_linear(self, terms: LinearTerms, sense: str, rhs: int, name: str = "") -> None:
         """``sum coef * layers (sense) rhs`` in both masters."""

@@ -65,8 +65,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipette_cp.errors import LayoutError
-from pipette_cp.solvers.base import SolveOptions, register
-from pipette_cp.solvers.baselines import finish_plan
+from pipette_cp.solvers.baselines.common import finish_plan
+from pipette_cp.solvers.options import SolveOptions
 from pipette_cp.specs import Instance, Plan
 from pipette_cp.specs.layouts import even_split
 
@@ -373,7 +373,6 @@ def state_to_placement(
     )
 
 
-@register("pipette-sa")
 def pipette_sa(instance: Instance, skeleton: Plan, options: SolveOptions) -> Plan:
     """Pipette's node-grid simulated annealing, even split, within ``options.time_limit_s``.
 

@@ -1,4 +1,4 @@
-"""Construction of :class:`~pipette_cp.solvers.placement_data.PlacementData`.
+"""Construction of :class:`~pipette_cp.solvers.placement.data.PlacementData`.
 
 Slots are the tp-aligned GPU blocks of each node; places are whole nodes when
 every node's slots are interchangeable (:func:`node_uniform`), else single
@@ -21,7 +21,7 @@ from pipette_cp.cost.memory import (
     usable_memory_bytes,
 )
 from pipette_cp.errors import InfeasibleError, LayoutError
-from pipette_cp.solvers.placement_data import PlacementData
+from pipette_cp.solvers.placement.data import PlacementData
 from pipette_cp.specs import Instance, Plan
 from pipette_cp.units import BYTES_PER_ELEMENT
 

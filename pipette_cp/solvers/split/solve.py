@@ -1,12 +1,12 @@
 """The exact layer split: Kelley's cutting planes over a CP-SAT or MILP master.
 
-Problem (DESIGN.md section 4, "Layer split"): choose ``n_v >= 1`` layers for
+Problem (docs/design.md, section 4, "Layer split"): choose ``n_v >= 1`` layers for
 every virtual stage ``v = chunk * pp + stage`` (contiguous blocks in that
 order, :class:`~pipette_cp.specs.Plan`), ``sum n = L``, every stage within its
 usable memory given its in-flight micro-batches, minimising the analytic
 iteration time ``T(n)`` of :mod:`pipette_cp.cost.pipeline` with the plan's
 placement-dependent hop, DP, embedding and optimizer times
-(:mod:`pipette_cp.solvers.split_cost`).
+(:mod:`pipette_cp.solvers.split.cost`).
 
 Method.  ``T`` is a convex piecewise-linear function of the per-stage times
 (maxima and non-negative sums of affine terms; :mod:`pipette_cp.solvers.cuts`),
@@ -34,15 +34,15 @@ the optimum).  Cuts come from finite differences and are valid up to rounding,
 about 1e-9 relative per layer of distance, far below :data:`TOLERANCE`.
 
 Ties between optimal splits are broken towards what Megatron's plain flags
-express (:func:`~pipette_cp.solvers.split_heuristics.prefer_simple`);
-:func:`megatron_split_args` gives the flags.  The oracle
-:func:`brute_force_split` enumerates every split of tiny instances through
+express (:func:`~pipette_cp.solvers.split.heuristics.prefer_simple`);
+:func:`~pipette_cp.solvers.split.flags.megatron_split_args` gives the flags.  The
+oracle :func:`~pipette_cp.solvers.split.oracle.brute_force_split` enumerates
+every split of tiny instances through
 :class:`~pipette_cp.cost.evaluate.Evaluator` and the checker.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from dataclasses import dataclass, replace
@@ -51,24 +51,20 @@ from typing import Literal
 
 import numpy as np
 
-from pipette_cp.checker.checks import check_memory_limit
-from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.errors import InfeasibleError, SolverError, SpecError
-from pipette_cp.solvers.base import SolveOptions, register
 from pipette_cp.solvers.extensions import SplitContext, family_violations
-from pipette_cp.solvers.split_cost import SplitCost, split_cost
-from pipette_cp.solvers.split_cpsat import CpSatSplitMaster
-from pipette_cp.solvers.split_heuristics import feasible_start, local_search, prefer_simple
-from pipette_cp.solvers.split_milp import MilpSplitMaster
+from pipette_cp.solvers.options import SolveOptions
+from pipette_cp.solvers.split.cost import SplitCost, split_cost
+from pipette_cp.solvers.split.cpsat import CpSatSplitBackend
+from pipette_cp.solvers.split.heuristics import feasible_start, local_search, prefer_simple
+from pipette_cp.solvers.split.milp import MilpSplitBackend
+from pipette_cp.solvers.split.model import SplitBackend, SplitModel
 from pipette_cp.specs import Instance, Plan, SolveInfo
 
 Backend = Literal["cpsat", "milp"]
 
-#: The master problem of each backend.
-MASTERS: dict[str, type[CpSatSplitMaster] | type[MilpSplitMaster]] = {
-    "cpsat": CpSatSplitMaster,
-    "milp": MilpSplitMaster,
-}
+#: The split backends by name.
+BACKENDS = ("cpsat", "milp")
 #: Kelley stops when the best time is within this fraction of the proven bound.
 TOLERANCE = 1e-6
 #: Share of the time limit the greedy warm start may use.
@@ -80,8 +76,6 @@ HEURISTIC_SHARE = 0.25
 #: the simulator, against 30.47 / 30.48 s for the even split.  Spread 1 keeps Megatron's
 #: near-even chunks; ``None`` lifts the constraint.
 CHUNK_SPREAD = 1
-#: Largest instance :func:`brute_force_split` accepts: layers, model chunks.
-BRUTE_FORCE_LIMITS = (12, 4)
 
 
 @dataclass(frozen=True)
@@ -144,7 +138,7 @@ def solve_split(
         With ``vpp > 1``, the largest difference between two chunks of one stage
         (:data:`CHUNK_SPREAD`; ``None``: unconstrained).
     cost
-        Pre-built :func:`~pipette_cp.solvers.split_cost.split_cost` of ``plan``.
+        Pre-built :func:`~pipette_cp.solvers.split.cost.split_cost` of ``plan``.
     export_path
         Write the final master model there (CP-SAT proto or LP file).
 
@@ -157,8 +151,8 @@ def solve_split(
     """
     started = time.perf_counter()
     options = options or SolveOptions()
-    if backend not in MASTERS:
-        raise SpecError("backend", backend, f"unknown split backend; known: {', '.join(MASTERS)}")
+    if backend not in BACKENDS:
+        raise SpecError("backend", backend, f"unknown split backend; known: {', '.join(BACKENDS)}")
     deadline = started + options.time_limit_s
     cost = replace(cost or split_cost(instance, plan), chunk_spread=chunk_spread)
     cost.require_feasible()
@@ -176,7 +170,7 @@ def solve_split(
     bound, iterations, status = -math.inf, 0, "feasible"
     if cost.num_chunks == 1:
         bound, status = best_s, "optimal"
-    master = MASTERS[backend](cost, best_s, workers=options.workers, seed=options.seed)
+    master = SplitModel(cost, _backend(backend, cost, best_s, options))
     for family in families:
         family.split(SplitContext(instance, plan, list(master.n), master))
     if families and not allowed(best):  # the heuristics ignore user families
@@ -234,6 +228,14 @@ def solve_split(
     )
 
 
+def _backend(name: str, cost: SplitCost, reference_s: float, options: SolveOptions) -> SplitBackend:
+    if name == "cpsat":
+        return CpSatSplitBackend(
+            reference_s, cost.num_layers, workers=options.workers, seed=options.seed
+        )
+    return MilpSplitBackend(workers=options.workers)
+
+
 def with_optimal_split(
     instance: Instance,
     plan: Plan,
@@ -252,107 +254,11 @@ def with_optimal_split(
     return Plan.model_validate(data)
 
 
-@register("split-cpsat")
 def split_cpsat(instance: Instance, skeleton: Plan, options: SolveOptions) -> Plan:
     """The skeleton's placement with the CP-SAT-optimal layer split."""
     return with_optimal_split(instance, skeleton, options, "cpsat")
 
 
-@register("split-milp")
 def split_milp(instance: Instance, skeleton: Plan, options: SolveOptions) -> Plan:
     """The skeleton's placement with the MILP-optimal layer split."""
     return with_optimal_split(instance, skeleton, options, "milp")
-
-
-# ----------------------------------------------------------------- the oracle
-def brute_force_split(
-    instance: Instance, plan: Plan, chunk_spread: int | None = CHUNK_SPREAD
-) -> tuple[tuple[int, ...], float]:
-    """Best split of a tiny instance by enumerating every composition of the layers.
-
-    Each split is checked with :func:`pipette_cp.checker.check_memory_limit` (and
-    the chunk spread) and timed with :meth:`Evaluator.evaluate` (analytic):
-    independent of the split models.  Ties keep the first split in lexicographic
-    order.
-
-    Raises
-    ------
-    SpecError
-        More than :data:`BRUTE_FORCE_LIMITS` layers or chunks.
-    InfeasibleError
-        No split fits in memory.
-    """
-    layers, chunks = instance.model.num_layers, plan.pp * plan.vpp
-    if layers > BRUTE_FORCE_LIMITS[0] or chunks > BRUTE_FORCE_LIMITS[1]:
-        raise SpecError(
-            "brute_force_split", (layers, chunks), f"at most {BRUTE_FORCE_LIMITS} layers, chunks"
-        )
-    evaluator = Evaluator(instance, validate=False)
-    best: tuple[tuple[int, ...], float] | None = None
-    for cuts in itertools.combinations(range(1, layers), chunks - 1):
-        bounds = (0, *cuts, layers)
-        split = tuple(b - a for a, b in itertools.pairwise(bounds))
-        candidate = plan.model_copy(update={"layer_split": split})
-        grid = np.reshape(split, (plan.vpp, plan.pp))
-        spread = int((grid.max(axis=0) - grid.min(axis=0)).max())
-        if chunk_spread is not None and spread > chunk_spread:
-            continue
-        if check_memory_limit(instance, candidate):
-            continue
-        value = evaluator.evaluate(candidate).iteration_time_s
-        if best is None or value < best[1]:
-            best = (split, value)
-    if best is None:
-        raise InfeasibleError(f"no split of {layers} layers into {chunks} chunks fits in memory")
-    return best
-
-
-# ------------------------------------------------------------ Megatron flags
-def megatron_split_args(plan: Plan, num_layers: int) -> list[str]:
-    """Megatron-LM arguments that realise ``plan.layer_split``.
-
-    - every chunk equal: nothing (Megatron's default split, ``--num-layers`` / pp);
-    - each stage's chunks equal and every stage but the first and/or last equal:
-      ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``
-      (Megatron-Core >= 0.9, ``get_num_layers_to_build`` in
-      ``megatron/core/transformer/transformer_block.py``: the given stages keep
-      their totals, the others share the rest evenly, every stage's total is cut
-      evenly into its vpp chunks);
-    - otherwise ``--pipeline-model-parallel-layout`` (Megatron-Core's
-      ``PipelineParallelLayerLayout``, ``megatron/core/transformer/
-      pipeline_parallel_layer_layout.py``; experimental there): one ``|``-separated
-      group per virtual stage in ``chunk * pp + stage`` order, ``E`` the
-      embedding, ``t*k`` k transformer layers, ``L`` the loss.  It replaces
-      ``--num-layers-per-virtual-pipeline-stage``.
-
-    Examples
-    --------
-    >>> from pipette_cp.specs.layouts import make_plan
-    >>> p = make_plan(num_layers=8, dp=1, pp=4, tp=1, micro_batch_size=1)
-    >>> megatron_split_args(p, 8)
-    []
-    >>> megatron_split_args(p.model_copy(update={"layer_split": (1, 2, 2, 3)}), 8)
-    ['--decoder-first-pipeline-num-layers', '1', '--decoder-last-pipeline-num-layers', '3']
-    >>> megatron_split_args(p.model_copy(update={"layer_split": (2, 1, 3, 2)}), 8)
-    ['--pipeline-model-parallel-layout', 'Et*2|t|t*3|t*2L']
-    """
-    split, pp, vpp = plan.layer_split, plan.pp, plan.vpp
-    if sum(split) != num_layers:
-        raise SpecError("plan.layer_split", split, f"sums to {sum(split)}, not {num_layers}")
-    if len(set(split)) == 1:
-        return []
-    chunks = [[split[c * pp + s] for c in range(vpp)] for s in range(pp)]
-    totals = [sum(c) for c in chunks]
-    if pp > 1 and all(len(set(c)) == 1 for c in chunks):
-        middle = set(totals[1:-1])
-        if len(middle) <= 1:
-            rest = middle.pop() if middle else None
-            args: list[str] = []
-            if totals[0] != rest:
-                args += ["--decoder-first-pipeline-num-layers", str(totals[0])]
-            # with pp = 2 the last stage takes what the first leaves
-            if totals[-1] != rest and rest is not None:
-                args += ["--decoder-last-pipeline-num-layers", str(totals[-1])]
-            return args
-    groups = [f"t*{n}" if n > 1 else "t" for n in split]
-    return ["--pipeline-model-parallel-layout", "E" + "|".join(groups) + "L"]

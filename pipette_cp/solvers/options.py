@@ -1,11 +1,10 @@
-"""The common signature of every split/placement method and the registry."""
+"""The common signature and options of every split/placement method."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipette_cp.errors import SpecError
 from pipette_cp.solvers.extensions import ConstraintFamily
 from pipette_cp.specs import Instance, Plan
 
@@ -21,7 +20,7 @@ class SolveOptions:
     seed:
         Seed of every random choice; same seed, same plan.
     workers:
-        Parallel search workers for the exact solvers (the CI machine has 2 cores).
+        Parallel search workers for the exact solvers.
     constraints:
         User constraint families (:mod:`pipette_cp.solvers.extensions`) the exact
         solvers add to their models; other methods ignore them.
@@ -37,23 +36,3 @@ class SolveOptions:
 #: ``layer_split`` and ``placement`` are a starting point that may be ignored) and
 #: returns a complete plan whose ``solve_info`` reports how it was found.
 Method = Callable[[Instance, Plan, SolveOptions], Plan]
-
-#: Registry of methods by name; modules register themselves with :func:`register`.
-METHODS: dict[str, Method] = {}
-
-
-def register(name: str) -> Callable[[Method], Method]:
-    """Decorator adding a method to :data:`METHODS` under ``name``."""
-
-    def wrap(method: Method) -> Method:
-        METHODS[name] = method
-        return method
-
-    return wrap
-
-
-def get_method(name: str) -> Method:
-    """The method called ``name``, or a SpecError listing the known ones."""
-    if name not in METHODS:
-        raise SpecError("method", name, f"unknown method; known: {', '.join(sorted(METHODS))}")
-    return METHODS[name]

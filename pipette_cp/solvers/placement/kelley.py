@@ -2,7 +2,7 @@
 
 The iteration time is a convex, non-decreasing, piecewise-linear function
 ``f(x)`` of the placement-dependent inputs ``x``
-(:mod:`pipette_cp.solvers.placement_data`), so the master minimises ``t``
+(:mod:`pipette_cp.solvers.placement.data`), so the master minimises ``t``
 subject to cuts ``t >= f(x_k) + g_k (x - x_k)`` (:func:`supporting_cut`, Kelley
 1960) at the inputs ``x_k`` of the placements found so far.  Every cut
 under-estimates ``f``, so the master's optimum is a lower bound; a placement
@@ -20,9 +20,9 @@ import numpy as np
 
 from pipette_cp.errors import InfeasibleError, SolverTimeoutError
 from pipette_cp.solvers.cuts import supporting_cut
-from pipette_cp.solvers.placement_backend import Backend
-from pipette_cp.solvers.placement_data import PlacementData
-from pipette_cp.solvers.placement_model import PlacementModel
+from pipette_cp.solvers.placement.backend import Backend
+from pipette_cp.solvers.placement.data import PlacementData
+from pipette_cp.solvers.placement.model import PlacementModel
 
 #: Relative gap under which a placement counts as optimal (the master works in
 #: 1 ns quanta, so closer is rounding noise).

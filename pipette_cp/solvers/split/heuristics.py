@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipette_cp.solvers.cuts import Cut
-from pipette_cp.solvers.split_cost import SplitCost
+from pipette_cp.solvers.split.cost import SplitCost
 from pipette_cp.specs.layouts import even_split
 
 

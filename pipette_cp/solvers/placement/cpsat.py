@@ -1,4 +1,4 @@
-"""CP-SAT backend of the placement master (:mod:`pipette_cp.solvers.placement_model`).
+"""CP-SAT backend of the placement master (:mod:`pipette_cp.solvers.placement.model`).
 
 Integer scaling, all of it here: every time is an integer number of
 :data:`TIME_QUANTUM_S` (1 ns), rounded *down* wherever it bounds a cost from
@@ -17,7 +17,7 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
-from pipette_cp.solvers.placement_backend import MasterResult, Terms
+from pipette_cp.solvers.placement.backend import MasterResult, Terms
 
 #: One integer time unit of the CP-SAT model, s.
 TIME_QUANTUM_S = 1e-9
@@ -57,7 +57,7 @@ class _Recorder(cp_model.CpSolverSolutionCallback):
 
 
 class CpSatBackend:
-    """:class:`~pipette_cp.solvers.placement_model.Backend` over ``cp_model.CpModel``."""
+    """:class:`~pipette_cp.solvers.placement.model.Backend` over ``cp_model.CpModel``."""
 
     name = "cpsat"
 

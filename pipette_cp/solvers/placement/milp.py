@@ -1,6 +1,6 @@
 """MILP backend of the placement master (PuLP; CBC, or HiGHS when installed).
 
-The same formulation as CP-SAT (:mod:`pipette_cp.solvers.placement_model`);
+The same formulation as CP-SAT (:mod:`pipette_cp.solvers.placement.model`);
 continuous time variables in :data:`TIME_UNIT_S` (microseconds keep the
 coefficients near 1 for the LP), enforcement by big-M with the tightest ``M``
 the bounds allow: ``var >= const + sum c x`` if ``e`` becomes
@@ -19,8 +19,8 @@ from typing import Any
 
 import pulp
 
-from pipette_cp.solvers.placement_backend import MasterResult, Terms
-from pipette_cp.solvers.split_milp import MIN_CBC_S
+from pipette_cp.solvers.milp_engine import MIN_CBC_S
+from pipette_cp.solvers.placement.backend import MasterResult, Terms
 
 #: Time unit of the MILP model, s.
 TIME_UNIT_S = 1e-6
@@ -35,7 +35,7 @@ def available_solver() -> str:
 
 
 class MilpBackend:
-    """:class:`~pipette_cp.solvers.placement_model.Backend` over a ``pulp.LpProblem``."""
+    """:class:`~pipette_cp.solvers.placement.model.Backend` over a ``pulp.LpProblem``."""
 
     name = "milp"
 

@@ -1,14 +1,14 @@
 """The placement master problem, written once over a small backend interface.
 
-One formulation, two solvers: :mod:`pipette_cp.solvers.placement_cpsat` and
-:mod:`pipette_cp.solvers.placement_milp` implement :class:`Backend` (integer
+One formulation, two solvers: :mod:`pipette_cp.solvers.placement.cpsat` and
+:mod:`pipette_cp.solvers.placement.milp` implement :class:`Backend` (integer
 scaling for CP-SAT, big-M enforcement for the MILP), so both solve exactly the
 same model and the constraint families carry the checker's names
 (``placement_bijection``, ``tp_within_node``, ``no_failed_link``,
 ``memory_limit``) plus the cost families.
 
 Variables: ``place[u, p]`` (unit ``u`` on place ``p``) for ``p`` in the unit's
-domain; the time variables of :class:`~pipette_cp.solvers.placement_data.XIndex`
+domain; the time variables of :class:`~pipette_cp.solvers.placement.data.XIndex`
 (hop, ring, embedding times, ring-crossing and compute-class indicators);
 ``t`` the iteration time, bounded below by Kelley cuts
 (:mod:`pipette_cp.solvers.cuts`).  Every cost constraint is a lower bound on a
@@ -32,8 +32,8 @@ import numpy as np
 
 from pipette_cp.errors import InfeasibleError
 from pipette_cp.solvers.extensions import PlacementContext
-from pipette_cp.solvers.placement_backend import Backend
-from pipette_cp.solvers.placement_data import PlacementData
+from pipette_cp.solvers.placement.backend import Backend
+from pipette_cp.solvers.placement.data import PlacementData
 
 
 def _const(v: Any) -> bool:

@@ -56,8 +56,8 @@ import numpy as np
 
 from pipette_cp.cost.compute import chunk_times, layer_times
 from pipette_cp.errors import LayoutError
-from pipette_cp.solvers.base import SolveOptions, register
-from pipette_cp.solvers.baselines import finish_plan, require_layout_fits
+from pipette_cp.solvers.baselines.common import finish_plan, require_layout_fits
+from pipette_cp.solvers.options import SolveOptions
 from pipette_cp.specs import ClusterSpec, Instance, Plan
 from pipette_cp.specs.layouts import make_plan, megatron_placement
 
@@ -304,7 +304,6 @@ def amp_partition(
     return tuple(int(x) for x in sizes)
 
 
-@register("amp")
 def amp_method(instance: Instance, skeleton: Plan, options: SolveOptions) -> Plan:
     """AMP's partition and placement for the skeleton's degrees; objective = :func:`amp_cost`.
 

@@ -9,7 +9,7 @@ bandwidth: true of all generated and measured clusters but the DGX-1 cube
 mesh) a place is a whole node holding up to ``gpus_per_node / tp`` units,
 which makes the models much smaller; otherwise a place is one slot.
 
-The master problems of :mod:`pipette_cp.solvers.placement_model` see the
+The master problems of :mod:`pipette_cp.solvers.placement.model` see the
 iteration time through a vector ``x`` of placement-dependent inputs (see
 :class:`XIndex`); :meth:`PlacementData.total_time_s` maps ``x`` to the
 analytic iteration time with the same functions the Evaluator uses

@@ -7,9 +7,9 @@ on it in pipeline-major order (the stages of one replica next to each other,
 so pipeline hops use the walk's links or stay inside a node) or in ring-major
 order (the replicas of one stage next to each other, Megatron's tp-dp-pp
 order, so DP rings do).  Every (start, order) candidate is scored with the
-placement model (:mod:`pipette_cp.solvers.placement_data`) and the best is
+placement model (:mod:`pipette_cp.solvers.placement.data`) and the best is
 kept.  Layer split: the skeleton's.  It is the cheap seed of the exact
-methods and of the large-cluster search (:mod:`pipette_cp.solvers.placement_lns`).
+methods and of the large-cluster search (:mod:`pipette_cp.solvers.placement.lns`).
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ import time
 import numpy as np
 
 from pipette_cp.errors import InfeasibleError
-from pipette_cp.solvers.base import SolveOptions, register
-from pipette_cp.solvers.baselines import best_of, finish_plan, node_packed_placements
-from pipette_cp.solvers.placement_build import build_placement_data
-from pipette_cp.solvers.placement_data import PlacementData
-from pipette_cp.solvers.placement_lns import local_search
+from pipette_cp.solvers.baselines.common import best_of, finish_plan
+from pipette_cp.solvers.baselines.megatron_default import node_packed_placements
+from pipette_cp.solvers.options import SolveOptions
+from pipette_cp.solvers.placement.build import build_placement_data
+from pipette_cp.solvers.placement.data import PlacementData
+from pipette_cp.solvers.placement.local_search import local_search
 from pipette_cp.specs import Instance, Plan
 
 #: Walk starts tried (the best-connected node, then seeded random ones).
@@ -108,7 +109,6 @@ def repaired(data: PlacementData, seed: int, deadline: float) -> list[tuple[floa
     return [(value, assign)] if np.isfinite(value) else []
 
 
-@register("greedy")
 def greedy(instance: Instance, skeleton: Plan, options: SolveOptions) -> Plan:
     """Fast-link walk placement (see the module docstring), skeleton's layer split, seeded;
     when replicas of a stage may share a node, the better (by the Evaluator) of it and

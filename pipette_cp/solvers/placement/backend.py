@@ -1,9 +1,9 @@
 """The interface between the placement formulation and a solver.
 
-:class:`~pipette_cp.solvers.placement_model.PlacementModel` writes every
+:class:`~pipette_cp.solvers.placement.model.PlacementModel` writes every
 constraint family once through :class:`Backend`;
-:class:`~pipette_cp.solvers.placement_cpsat.CpSatBackend` and
-:class:`~pipette_cp.solvers.placement_milp.MilpBackend` implement it, each with
+:class:`~pipette_cp.solvers.placement.cpsat.CpSatBackend` and
+:class:`~pipette_cp.solvers.placement.milp.MilpBackend` implement it, each with
 its own scaling of times (in one place each).
 """
 

@@ -1,6 +1,6 @@
-"""Exact placement: methods ``cpsat`` and ``milp`` (layer split first, then placement).
+"""Exact placement of a fixed layout and layer split (:func:`solve_placement`).
 
-Problem (DESIGN.md section 4, "Placement"): put every unit (the tp ranks of one
+Problem (docs/design.md, section 4, "Placement"): put every unit (the tp ranks of one
 stage of one DP replica) on a tp-aligned GPU block of one node, minimising the
 analytic iteration time of :class:`~pipette_cp.cost.evaluate.Evaluator`
 through its placement-dependent terms: every boundary's slowest activation and
@@ -11,15 +11,17 @@ link and keeping every stage on GPUs whose memory fits it.  Several stages may
 share a node, a stage may span nodes.
 
 Method.
-1. Seeds: the greedy walk (:mod:`pipette_cp.solvers.greedy`), Megatron's order,
-   seeded random placements, Pipette's SA (large clusters only), each polished
-   by a critical-unit local search (:mod:`pipette_cp.solvers.placement_lns`).
+1. Seeds from a :class:`Seeder` (the methods ``cpsat`` and ``milp``,
+   :mod:`pipette_cp.solvers.methods`, hand in the greedy walk, Megatron's order and
+   its node permutations, seeded random placements and Pipette's SA for large
+   clusters), seeded random assignments, the best two polished by a
+   critical-unit local search (:mod:`pipette_cp.solvers.placement.local_search`).
 2. Bounds: per class (a boundary's hops, a stage's ring, the embedding pairs)
    the cheapest value any placement can reach, and the dearest value any
    placement as fast as the best seed can afford (reduced-cost fixing on the
-   cuts); pairs beyond it are forbidden (:mod:`pipette_cp.solvers.placement_kelley`).
+   cuts); pairs beyond it are forbidden (:mod:`pipette_cp.solvers.placement.kelley`).
 3. Kelley's cutting planes over one master model
-   (:mod:`pipette_cp.solvers.placement_model`), solved by CP-SAT or a MILP,
+   (:mod:`pipette_cp.solvers.placement.model`), solved by CP-SAT or a MILP,
    warm-started with the best placement so far; the cuts start at the seeds
    and at the lower bound, and are added at every solution the master returns
    until its bound meets the best placement (proven optimal).  Up to
@@ -36,7 +38,7 @@ can hold two units of one stage (NCCL's two-level all-reduce, which the
 Evaluator's default may pick, is not in the master) and the cluster has one
 GPU type.  Otherwise ``bound`` and ``gap`` are ``None`` and the status is at
 best ``feasible``.  ``status``: ``optimal`` when the gap is at most
-:data:`~pipette_cp.solvers.placement_kelley.OPTIMALITY_GAP`, else ``feasible``;
+:data:`~pipette_cp.solvers.placement.kelley.OPTIMALITY_GAP`, else ``feasible``;
 no placement at all raises :class:`~pipette_cp.errors.InfeasibleError`
 (proven) or :class:`~pipette_cp.errors.SolverTimeoutError` (time ran out).
 """
@@ -44,28 +46,24 @@ no placement at all raises :class:`~pipette_cp.errors.InfeasibleError`
 from __future__ import annotations
 
 import contextlib
-import importlib
-import random
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Protocol
 
 import numpy as np
 
 from pipette_cp.checker.checks import check_plan
 from pipette_cp.cost import comm
 from pipette_cp.cost.evaluate import Evaluator
-from pipette_cp.errors import InfeasibleError, LayoutError, PipetteError, SolverTimeoutError
-from pipette_cp.solvers.base import SolveOptions, register
-from pipette_cp.solvers.baselines import node_packed_placements, random_placement
+from pipette_cp.errors import InfeasibleError, PipetteError, SolverTimeoutError
 from pipette_cp.solvers.extensions import family_violations
-from pipette_cp.solvers.greedy import greedy_assignments, lay_out, node_costs, walk
-from pipette_cp.solvers.pipette_sa import pipette_sa
-from pipette_cp.solvers.placement_backend import Backend
-from pipette_cp.solvers.placement_build import build_placement_data
-from pipette_cp.solvers.placement_cpsat import CpSatBackend
-from pipette_cp.solvers.placement_data import PlacementData
-from pipette_cp.solvers.placement_kelley import (
+from pipette_cp.solvers.options import SolveOptions
+from pipette_cp.solvers.placement.backend import Backend
+from pipette_cp.solvers.placement.build import build_placement_data
+from pipette_cp.solvers.placement.cpsat import CpSatBackend
+from pipette_cp.solvers.placement.data import PlacementData
+from pipette_cp.solvers.placement.kelley import (
     OPTIMALITY_GAP,
     CutPool,
     bounds,
@@ -73,8 +71,9 @@ from pipette_cp.solvers.placement_kelley import (
     lower_x,
     worst_x,
 )
-from pipette_cp.solvers.placement_lns import failed_flows, lns, local_search
-from pipette_cp.solvers.placement_milp import MilpBackend
+from pipette_cp.solvers.placement.lns import lns
+from pipette_cp.solvers.placement.local_search import failed_flows, local_search
+from pipette_cp.solvers.placement.milp import MilpBackend
 from pipette_cp.specs import Instance, Plan, SolveInfo
 from pipette_cp.specs.layouts import megatron_placement
 
@@ -87,8 +86,6 @@ EXACT_SIZE = 20_000
 EXACT_SIZE_MILP = 4_000
 #: Share of the time limit for seeds and their local search.
 SEED_SHARE = 0.1
-#: Share of the time limit the layer split may use.
-SPLIT_SHARE = 0.2
 #: Time kept at the end for re-scoring (s; at most 5 % of the limit).
 FINISH_RESERVE_S = 1.0
 #: Random seed placements tried.
@@ -113,34 +110,61 @@ def two_level_possible(data: PlacementData) -> bool:
     return data.plan.dp > 1 and data.multi
 
 
-def seed_plans(instance: Instance, plan: Plan, options: SolveOptions, sa_s: float) -> list[Plan]:
-    """Plans used as hints: the plan's own placement (e.g. one solved for another
-    micro-batch of the same degrees), Megatron's order, random, Pipette's SA (if given time)."""
-    default = megatron_placement(plan.dp, plan.pp, plan.tp)
-    plans = [plan.model_copy(update={"placement": default})]
-    if plan.placement is not None and plan.placement != default:
-        plans.append(plan)
-    if plan.dp > 1:  # whole-node permutations of Megatron's order: two-level all-reduce
-        packed = node_packed_placements(instance, plan, options.seed)[1:]
-        plans += [plan.model_copy(update={"placement": p}) for p in packed]
-    rng = random.Random(options.seed)
-    for _ in range(2):
-        placement = random_placement(instance.cluster, plan.dp, plan.pp, plan.tp, rng)
-        plans.append(plan.model_copy(update={"placement": placement}))
-    if sa_s > 0:
-        try:
-            sa = pipette_sa(instance, plan, replace(options, time_limit_s=sa_s))
-            plans.append(plan.model_copy(update={"placement": sa.placement}))
-        except LayoutError:
-            pass  # a layout Pipette cannot express
-    return plans
+class Seeder(Protocol):
+    """Where the exact placement gets its warm starts.
+
+    The heuristics sit above the exact models and are handed in
+    (:class:`pipette_cp.solvers.methods.BaselineSeeder`); :class:`PlainSeeder`
+    uses nothing but the plan's own placement and Megatron's order.
+    """
+
+    def hint_plans(
+        self, instance: Instance, plan: Plan, options: SolveOptions, sa_s: float
+    ) -> list[Plan]:
+        """Complete plans of ``plan``'s degrees and split, tried as hints, preferred in
+        this order on ties (``sa_s``: seconds for Pipette's annealer, 0 to skip it)."""
+        ...
+
+    def assignments(self, data: PlacementData, seed: int) -> list[tuple[float, np.ndarray]]:
+        """Seed assignments with their :meth:`PlacementData.value`, best first."""
+        ...
+
+    def first_layout(self, data: PlacementData, rng: np.random.Generator) -> np.ndarray | None:
+        """Some assignment whatever its links (the start of a repair), None if none."""
+        ...
+
+
+class PlainSeeder:
+    """The plan's own placement and Megatron's order; no heuristic."""
+
+    def hint_plans(
+        self, instance: Instance, plan: Plan, options: SolveOptions, sa_s: float
+    ) -> list[Plan]:
+        del instance, options, sa_s
+        default = megatron_placement(plan.dp, plan.pp, plan.tp)
+        plans = [plan.model_copy(update={"placement": default})]
+        if plan.placement is not None and plan.placement != default:
+            plans.append(plan)
+        return plans
+
+    def assignments(self, data: PlacementData, seed: int) -> list[tuple[float, np.ndarray]]:
+        del data, seed
+        return []
+
+    def first_layout(self, data: PlacementData, rng: np.random.Generator) -> np.ndarray | None:
+        del rng
+        return data.assignment_of(megatron_placement(data.plan.dp, data.plan.pp, data.plan.tp))
 
 
 def seed_assignments(
-    data: PlacementData, plans: list[Plan], options: SolveOptions, deadline: float
+    data: PlacementData,
+    plans: list[Plan],
+    seeder: Seeder,
+    options: SolveOptions,
+    deadline: float,
 ) -> list[tuple[float, np.ndarray]]:
     """Feasible seed assignments with their values, best first (after local search)."""
-    found = greedy_assignments(data, options.seed)
+    found = seeder.assignments(data, options.seed)
     for hint in plans:
         assign = data.assignment_of(hint.placement)
         if assign is not None:
@@ -152,7 +176,7 @@ def seed_assignments(
         if all(data.allowed[data.stage_of(u), p] for u, p in enumerate(assign)):
             found.append((data.value(assign), assign))
     if not any(np.isfinite(v) for v, _ in found):  # every candidate crosses a failed link
-        first = lay_out(data, walk(node_costs(data), 0, rng), ring_major=True)
+        first = seeder.first_layout(data, rng)
         found += [] if first is None else [(np.inf, first)]
     if not found:
         return []
@@ -175,11 +199,13 @@ def solve_placement(
     options: SolveOptions,
     backend: str = "cpsat",
     dp_algorithm: comm.Algorithm = "best",
+    seeder: Seeder | None = None,
 ) -> Plan:
     """The best placement of ``plan``'s degrees and split found within the time limit.
 
     ``dp_algorithm`` is the final scorer's (``Evaluator(instance, dp_algorithm=...)``);
-    with ``"ring"`` the master is exact and its bound always valid.
+    with ``"ring"`` the master is exact and its bound always valid.  ``seeder`` gives
+    the warm starts (default :class:`PlainSeeder`).
 
     Raises
     ------
@@ -202,12 +228,13 @@ def solve_placement(
     # Pipette's SA scores with the evaluator itself: a hint worth its time when the master
     # is not exact, or when the two-level all-reduce (not in the master) may win
     sa_s = 0.0 if exact and not two_level_possible(data) else min(2.0, 0.1 * options.time_limit_s)
-    plans = seed_plans(instance, plan, options, sa_s)
+    seeder = seeder or PlainSeeder()
+    plans = seeder.hint_plans(instance, plan, options, sa_s)
     seed_deadline = time.perf_counter() + SEED_SHARE * options.time_limit_s
-    seeds = seed_assignments(data, plans, options, seed_deadline)
+    seeds = seed_assignments(data, plans, seeder, options, seed_deadline)
     if not seeds and not exact:  # the full master is too large to find one: keep repairing
         more = time.perf_counter() + 0.5 * (deadline - time.perf_counter())
-        seeds = seed_assignments(data, plans, replace(options, seed=options.seed + 1), more)
+        seeds = seed_assignments(data, plans, seeder, replace(options, seed=options.seed + 1), more)
     if not seeds and not exact and not data.constraints:  # with user rows: try the full master
         raise SolverTimeoutError("no placement avoiding the failed links found in the time limit")
     best_value, best = seeds[0] if seeds else (float("inf"), None)
@@ -263,43 +290,3 @@ def _finish(evaluator, plan, data, best, bound, plans, method, started) -> Plan:
         wall_time_s=time.perf_counter() - started,
     )
     return chosen.model_copy(update={"evaluation": None, "solve_info": info})
-
-
-def _method(instance: Instance, skeleton: Plan, options: SolveOptions, backend: str) -> Plan:
-    """Optimal layer split (:mod:`pipette_cp.solvers.split`, when present) on a runnable
-    placement, then the placement for that split.
-
-    The split is costed on the skeleton's placement, or, when that one crosses a
-    failed link, on a placement solved first for the skeleton's split."""
-    started = time.perf_counter()
-    total = options.time_limit_s
-    plan = skeleton
-    try:
-        split = importlib.import_module("pipette_cp.solvers.split")
-    except ImportError:
-        split = None
-    if split is not None:
-        try:
-            Evaluator(instance).iteration_time(plan)
-        except PipetteError:
-            first = replace(options, time_limit_s=SPLIT_SHARE * total)
-            plan = solve_placement(instance, plan, first, backend)
-        share = replace(options, time_limit_s=SPLIT_SHARE * total)
-        plan = split.with_optimal_split(instance, plan, share, backend)
-    left = max(total - (time.perf_counter() - started), 0.2 * total)
-    result = solve_placement(instance, plan, replace(options, time_limit_s=left), backend)
-    assert result.solve_info is not None
-    info = result.solve_info.model_copy(update={"wall_time_s": time.perf_counter() - started})
-    return result.model_copy(update={"solve_info": info})
-
-
-@register("cpsat")
-def cpsat(instance: Instance, skeleton: Plan, options: SolveOptions) -> Plan:
-    """Optimal layer split, then the CP-SAT placement (see the module docstring)."""
-    return _method(instance, skeleton, options, "cpsat")
-
-
-@register("milp")
-def milp(instance: Instance, skeleton: Plan, options: SolveOptions) -> Plan:
-    """Optimal layer split, then the MILP placement (PuLP; see the module docstring)."""
-    return _method(instance, skeleton, options, "milp")
