@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any, TypedDict, TypeVar, cast
 
 from pipette_cp.io.cluster_file import read_cluster_file
 from pipette_cp.io.instance_file import DEFAULT_INSTANCE, load_instance
@@ -12,6 +13,22 @@ from pipette_cp.search.loop import Progress, SearchResult
 from pipette_cp.search.robust import RobustResult, robust_search
 from pipette_cp.solvers.extensions import ConstraintFamily
 from pipette_cp.specs import ClusterSpec, Instance, Plan, SearchSpace
+
+
+class _SearchOptions(TypedDict):
+    """The keyword arguments :func:`solve`, :func:`solve_with_stats` and
+    :func:`solve_robust` pass on to the search, unchanged."""
+
+    method: str
+    top_k: int
+    time_limit_s: float | None
+    seed: int
+    space: SearchSpace | None
+    progress: Progress | None
+    constraints: Sequence[ConstraintFamily]
+
+
+_Result = TypeVar("_Result", SearchResult, RobustResult)
 
 
 def solve(
@@ -52,16 +69,7 @@ def solve(
     >>> best.evaluation.iteration_time_s <= plans[-1].evaluation.iteration_time_s
     True
     """
-    return solve_with_stats(
-        instance,
-        method=method,
-        top_k=top_k,
-        time_limit_s=time_limit_s,
-        seed=seed,
-        space=space,
-        progress=progress,
-        constraints=constraints,
-    ).plans
+    return solve_with_stats(instance, **_options(locals())).plans
 
 
 def solve_with_stats(
@@ -76,19 +84,9 @@ def solve_with_stats(
     constraints: Sequence[ConstraintFamily] = (),
 ) -> SearchResult:
     """:func:`solve`, also returning what the search did."""
+    options = _options(locals())
     name, inst = _resolve(instance)
-    result = search(
-        inst,
-        method=method,
-        top_k=top_k,
-        time_limit_s=time_limit_s,
-        seed=seed,
-        space=space,
-        progress=progress,
-        constraints=constraints,
-    )
-    result.plans = [p.model_copy(update={"instance": name}) for p in result.plans]
-    return result
+    return _named(name, search(inst, **options))
 
 
 def solve_robust(
@@ -117,20 +115,20 @@ def solve_robust(
     >>> result.scores_s[0] == max(result.times_s[0])
     True
     """
+    options = _options(locals())
     name, inst = _resolve(instance)
     clusters = [s if isinstance(s, ClusterSpec) else read_cluster_file(s) for s in snapshots]
-    result = robust_search(
-        inst,
-        clusters,
-        quantile=quantile,
-        method=method,
-        top_k=top_k,
-        time_limit_s=time_limit_s,
-        seed=seed,
-        space=space,
-        progress=progress,
-        constraints=constraints,
-    )
+    return _named(name, robust_search(inst, clusters, quantile=quantile, **options))
+
+
+def _options(arguments: Mapping[str, Any]) -> _SearchOptions:
+    """The :class:`_SearchOptions` among a public function's arguments (its ``locals()``
+    before anything else is assigned)."""
+    return cast(_SearchOptions, {name: arguments[name] for name in _SearchOptions.__annotations__})
+
+
+def _named(name: str, result: _Result) -> _Result:
+    """``result`` with every plan recording ``name`` as its instance."""
     result.plans = [p.model_copy(update={"instance": name}) for p in result.plans]
     return result
 

@@ -31,7 +31,7 @@ from pipette_cp.specs import (
 MAX_PARAMS = 3e9
 MAX_GPUS = 64
 
-#: The long profile runs this many times the CI examples.
+#: The long profile (HYPOTHESIS_PROFILE=fuzz) runs this many times the default examples.
 LONG_FACTOR = 60
 
 

@@ -1,10 +1,11 @@
-"""The cost models against published runs (instances/calibration, issue 3 targets)."""
+"""The cost models against published runs (instances/calibration) and their accuracy targets."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipette_cp.benchmarks.accuracy import (
+from pipette_cp.cost import calibration as calib
+from pipette_cp.experiments.accuracy import (
     CALIBRATION_CSV,
     TARGET_MAPE,
     TARGET_MEMORY,
@@ -15,7 +16,7 @@ from pipette_cp.benchmarks.accuracy import (
     row_setup,
     run_accuracy,
 )
-from pipette_cp.cost import calibration as calib
+from pipette_cp.io.paths import INSTANCES_DIR
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +25,8 @@ def report() -> AccuracyReport:
 
 
 def test_bundled_calibration_rows():
-    # The package reads its own copy, never the steering repository.
-    assert CALIBRATION_CSV.is_file() and "shared" not in CALIBRATION_CSV.parts
+    # The package reads its own bundled copy under instances/, nothing outside it.
+    assert CALIBRATION_CSV.is_file() and CALIBRATION_CSV.is_relative_to(INSTANCES_DIR)
     rows = read_rows()
     assert len(rows) == 27
     assert sum(1 for r in rows if r["measured_mem_gb_per_gpu"]) == 7
@@ -45,7 +46,7 @@ def test_rebuilt_models_match_published_sizes():
 
 
 def test_throughput_within_targets(report):
-    # Issue 3: MAPE <= 8 %, no row worse than 20 % (TFLOP/s per GPU, like for like).
+    # Targets: MAPE <= 8 %, no row worse than 20 % (TFLOP/s per GPU, like for like).
     assert len(report.rows) == 27
     assert report.mape <= TARGET_MAPE, format_report(report)
     assert abs(report.worst.error) <= TARGET_WORST, format_report(report)

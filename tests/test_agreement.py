@@ -1,7 +1,7 @@
-"""Analytic model vs simulator on the bundled instances (issue 3: within 2 %).
+"""Analytic model vs simulator on the bundled instances (target: within 2 %).
 
 Every instance up to 1024 GPUs (the 4096-GPU ones take ~6 s each and run in
-``python -m pipette_cp.benchmarks.agreement``): its default layout, the
+``python -m pipette_cp.experiments.agreement``): its default layout, the
 smallest pipelined layout when the default has one stage, ~25 % of a middle
 stage's layers moved to the first / the last stage, and the interleaved
 (``vpp=2``) versions of these.
@@ -14,7 +14,9 @@ from functools import cache
 import numpy as np
 import pytest
 
-from pipette_cp.benchmarks.agreement import (
+from pipette_cp.cost.evaluate import Evaluator, placement_array, validate_layout
+from pipette_cp.errors import InfeasibleError
+from pipette_cp.experiments.agreement import (
     Case,
     avoid_failed_links,
     compare,
@@ -22,8 +24,6 @@ from pipette_cp.benchmarks.agreement import (
     format_table,
     unbalanced_split,
 )
-from pipette_cp.cost.evaluate import Evaluator, placement_array, validate_layout
-from pipette_cp.errors import InfeasibleError
 from pipette_cp.io.instance_file import list_instances, load_instance
 from pipette_cp.specs.layouts import make_plan
 

@@ -1,4 +1,4 @@
-"""The bad-input catalogue ``docs/bad-inputs.md``, row by row (issue 7, item 5).
+"""The bad-input catalogue ``docs/bad-inputs.md``, row by row.
 
 Every row of its tables names a rejected input, optionally a file to write
 (name and content), a command (``pipette-cp ...``) or a Python call, the exact
@@ -141,7 +141,7 @@ def test_catalogue_row(row: Row, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 
 def test_catalogue_is_complete_and_numbered() -> None:
-    """Rows numbered 1, 2, ...; every section of the issue present; both entry points."""
+    """Rows numbered 1, 2, ...; every section of the catalogue present; both entry points."""
     assert [r.number for r in ROWS] == [str(i) for i in range(1, len(ROWS) + 1)]
     prefixes = {r.what.split(":")[0] for r in ROWS}
     for needed in ("model", "cluster", "training", "search space", "instance", "predict",

@@ -15,10 +15,10 @@ import yaml
 from typer.testing import CliRunner
 
 from pipette_cp import __version__
-from pipette_cp.bench import BenchStore
 from pipette_cp.cli import app
 from pipette_cp.io.instance_file import instance_path, load_instance
 from pipette_cp.specs import Plan
+from pipette_cp.suite import BenchStore
 
 TINY = "gpt3-1.3b-nominal-8"
 runner = CliRunner()

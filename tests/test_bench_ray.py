@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipette_cp.bench import BenchStore, make_executor, prepare_jobs, run_bench
+from pipette_cp.suite import BenchStore, make_executor, prepare_jobs, run_bench
 
 ray = pytest.importorskip("ray")
 

@@ -200,7 +200,7 @@ def test_g6_snapshots_match_the_oracle(seed: int) -> None:
 
 
 def test_g6_snapshot_drift_is_seen() -> None:
-    """Consecutive G6 snapshots correlate around 0.55 (DESIGN.md); a 16-node pair of
+    """Consecutive G6 snapshots correlate around 0.55 (docs/design.md); a 16-node pair of
     snapshots must show some change at a 5 % threshold and a correlation below 1."""
     t0, t1 = generate_timeline("failslow", nodes=16, seed=3, snapshots=2)
     r = compare_clusters(t0, t1, threshold=0.05)

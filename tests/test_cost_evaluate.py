@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipette_cp.benchmarks.speed import make_instance, make_plans
 from pipette_cp.clusters.expand import cluster_from_node_matrix
 from pipette_cp.cost.evaluate import (
     BREAKDOWN_KEYS,
@@ -16,6 +15,7 @@ from pipette_cp.cost.evaluate import (
     validate_layout,
 )
 from pipette_cp.errors import InfeasibleError, LayoutError
+from pipette_cp.experiments.speed import make_instance, make_plans
 from pipette_cp.specs import Evaluation, Instance, ModelSpec, Plan, TrainingSpec, resolve_gpu
 from pipette_cp.specs.layouts import even_split, make_plan
 from pipette_cp.units import GB
@@ -69,7 +69,7 @@ LAYOUTS = [(8, 4, 1), (4, 4, 2), (2, 4, 4), (1, 8, 4), (4, 2, 4), (2, 8, 2)]
 @pytest.mark.parametrize(("model", "nodes", "gpus"), [(GPT, 4, 8), (LLAMA, 8, 4)])
 @pytest.mark.parametrize("split", ["default", "unbalanced"])
 def test_analytic_matches_simulator_on_instances(model: ModelSpec, nodes: int, gpus: int, split: str) -> None:  # fmt: skip
-    """Issue 3 target: within 2 % for a default layout and a deliberately unbalanced split."""
+    """Target: within 2 % for a default layout and a deliberately unbalanced split."""
     inst = instance(model, nodes, gpus)
     evaluator = Evaluator(inst)
     for dp, pp, tp in LAYOUTS:

@@ -71,7 +71,7 @@ def test_uneven_stages_bottleneck_sets_the_steady_state() -> None:
 # ------------------------------------------------------------------ hidden critical path
 @pytest.mark.parametrize(("p", "per_micro_batch"), [(2, 1), (3, 2), (6, 2)])
 def test_blocking_p2p_costs_every_micro_batch(p: int, per_micro_batch: int) -> None:
-    """DESIGN.md sec. 2: with blocking p2p the hops sit on the critical path in the
+    """docs/design.md, section 2: with blocking p2p the hops sit on the critical path in the
     steady state.  A middle stage makes two blocking exchanges per micro-batch (with
     s + 1 after its forward, with s - 1 after its backward): each extra micro-batch
     costs f + b + 2c (p >= 3), or f + b + c with two stages (one exchange each)."""

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pipette_cp.cost.pipeline import PipelineInputs, pipeline_times
 from pipette_cp.cost.simulator import simulate, simulate_pipeline, stage_programs
 
-TOLERANCE = 0.02  # issue 3: analytic within 2 % of the simulator
+TOLERANCE = 0.02  # target: analytic within 2 % of the simulator
 
 
 def rel_diff(x: PipelineInputs) -> float:
@@ -74,7 +74,7 @@ def test_1f1b_stage_specific_backward_ratio_explained() -> None:
     backwards, each waiting for the gradient from the stage below.  No single-stage
     path of the analytic model (fill, one stage's ops, drain) covers it, so the model
     is 2.19 % low here; it stays a lower bound, and on every bundled instance the gap
-    is below 0.03 % (``python -m pipette_cp.benchmarks.agreement``)."""
+    is below 0.03 % (``python -m pipette_cp.experiments.agreement``)."""
     x = PipelineInputs(
         pp=3, num_micro_batches=3, forward_s=np.array([1.0, 0.875, 0.75]),
         backward_s=np.array([2.5, 2.1875, 1.40625]), fwd_hop_s=np.zeros(3), bwd_hop_s=np.zeros(3),

@@ -1,4 +1,4 @@
-"""Fuzzing the loaders and the CLI with invalid inputs (issue 7, item 3).
+"""Fuzzing the loaders and the CLI with invalid inputs.
 
 Valid model / cluster / training / search-space mappings and instance files
 (``tests/fuzz_strategies.py``) are mutated: wrong types, negative / zero / NaN /

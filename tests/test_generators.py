@@ -1,6 +1,6 @@
-"""Synthetic cluster generators G1-G6 (DESIGN.md section 5) against their targets.
+"""Synthetic cluster generators G1-G6 (docs/design.md, section 5) against their targets.
 
-The DESIGN numbers are restated here (``DESIGN_RANGES``) rather than read from the
+The target numbers are restated here (``TARGET_RANGES``) rather than read from the
 package, so a target silently loosened in ``generators.py`` still fails a test.
 """
 
@@ -33,10 +33,10 @@ from pipette_cp.units import GB
 
 KINDS = ("healthy-a100", "h100-multileaf", "degraded", "oversubscribed", "v100-cube", "failslow")
 
-#: DESIGN.md section 5, per kind: statistic of stats.cluster_stats -> (low, high).
+#: docs/design.md, section 5, per kind: statistic of stats.cluster_stats -> (low, high).
 #: Common to all: direction asymmetry mean ~4 %, max 15 % but one pair up to 31 %.
 COMMON = {"asymmetry_mean": (0.03, 0.05), "asymmetry_max": (0.0, 0.32)}
-DESIGN_RANGES: dict[str, dict[str, tuple[float, float]]] = {
+TARGET_RANGES: dict[str, dict[str, tuple[float, float]]] = {
     "healthy-a100": {
         "healthy_cv": (0.002, 0.04),
         "failed_fraction": (0.0, 0.0),
@@ -96,7 +96,7 @@ def test_alias_gives_the_same_cluster() -> None:
 def test_statistics_hit_design_targets(kind: str, nodes: int, seed: int) -> None:
     cluster = generate(kind, nodes=nodes, seed=seed)
     stats = cluster_stats(cluster)
-    for name, bounds in {**COMMON, **DESIGN_RANGES[kind]}.items():
+    for name, bounds in {**COMMON, **TARGET_RANGES[kind]}.items():
         value = getattr(stats, name)
         if name == "cross_vs_same_group_ratio" and len(set(cluster.node_groups or ())) < 2:
             assert value is None

@@ -1,16 +1,17 @@
-"""The real H100 cluster files in instances/clusters/ against DESIGN.md section 5.
+"""The real H100 cluster files in instances/clusters/ against docs/design.md, section 5.
 
-DESIGN.md section 5 says of the nccl-tests data: "healthy pairs vary only
-0.2-4 % (CV); 6-21 % of pairs are degraded to 0.54-0.70 x the median, and
+docs/design.md, section 5 summarises the nccl-tests data as: healthy pairs vary
+by 0.2-4 % (CV); 6-21 % of pairs are degraded to 0.54-0.70 x the median, and
 degraded pairs get worse as messages grow; one node can sit in most of the slow
 pairs (a bad NIC); about 4 % of tests fail outright; pairs across switch groups
-get 0.93-0.955 x ...; direction asymmetry averages ~4 %".
+get 0.93-0.955 x point to point (0.77 x under dense load); direction asymmetry
+averages ~4 %.
 
 Three matrices (see instances/clusters/README.md): cluster00 from its G=1
 sendrecv logs (GPU 0 <-> GPU 0), cluster00-g4 from its G=4 logs (GPU 3 -> GPU 0,
 another path through the same nodes) and cluster01 (G=1).  Each statement is
 asserted on the matrix whose data supports it.  Where a matrix contradicts a
-statement, a test pins the measured value, with a docstring "DESIGN.md states
+statement, a test pins the measured value, with a docstring "docs/design.md states
 X; the data gives Y": the contradiction stays visible, and a change of the data
 or of the statistic breaks the test.
 
@@ -97,7 +98,7 @@ def test_healthy_cv_within_design_range(name: str, cv: float):
 
 
 def test_cluster01_healthy_cv_exceeds_design_range():
-    """DESIGN.md states healthy pairs vary 0.2-4 % (CV); the data gives 4.05 % on
+    """docs/design.md states healthy pairs vary 0.2-4 % (CV); the data gives 4.05 % on
     cluster01, because 7 of its 45 pairs run at 1.11 x the median."""
     cluster = load(C01)
     stats = cluster_stats(cluster)
@@ -117,7 +118,7 @@ def test_g4_degraded_fraction_within_design_range():
 
 
 def test_cluster00_g1_degraded_fraction_below_design_range():
-    """DESIGN.md states 6-21 % of pairs are degraded; the data gives 8 of 136 = 5.88 %
+    """docs/design.md states 6-21 % of pairs are degraded; the data gives 8 of 136 = 5.88 %
     on cluster00's G=1 matrix (the G=4 one gives 19.9 %)."""
     stats = cluster_stats(load(C00))
     assert stats.median_bytes_per_s == pytest.approx(13.479e9, abs=2e6)
@@ -125,7 +126,7 @@ def test_cluster00_g1_degraded_fraction_below_design_range():
 
 
 def test_cluster01_has_no_degraded_pair():
-    """DESIGN.md states 6-21 % of pairs are degraded; the data gives 0 of 45 on cluster01
+    """docs/design.md states 6-21 % of pairs are degraded; the data gives 0 of 45 on cluster01
     (slowest pair 0.986 x the median)."""
     cluster = load(C01)
     stats = cluster_stats(cluster)
@@ -142,7 +143,7 @@ def test_g4_mean_degraded_ratio_within_design_range():
 
 
 def test_g4_degraded_pairs_reach_below_design_range():
-    """DESIGN.md states degraded pairs sit at 0.54-0.70 x the median; the data gives
+    """docs/design.md states degraded pairs sit at 0.54-0.70 x the median; the data gives
     0.484-0.659 x on cluster00-g4: 20 of its 27 degraded pairs are in the range, 7 below."""
     ratios = sorted(r for *_, r in slow_pairs(load(G4)))
     assert len(ratios) == 27
@@ -152,7 +153,7 @@ def test_g4_degraded_pairs_reach_below_design_range():
 
 
 def test_cluster00_g1_degraded_pairs_below_design_range():
-    """DESIGN.md states degraded pairs sit at 0.54-0.70 x the median; the data gives
+    """docs/design.md states degraded pairs sit at 0.54-0.70 x the median; the data gives
     0.476-0.542 x (mean 0.509) on cluster00's G=1 matrix: 7 of 8 below the range."""
     cluster = load(C00)
     ratios = sorted(r for *_, r in slow_pairs(cluster))
@@ -164,7 +165,7 @@ def test_cluster00_g1_degraded_pairs_below_design_range():
 
 # ------------------------------------------------------------------ one bad-NIC node
 def test_g4_one_node_is_slow_in_most_of_its_pairs():
-    """A bad NIC, as DESIGN.md's generator G3 models it (one straggler node per ~17,
+    """A bad NIC, as docs/design.md's generator G3 models it (one straggler node per ~17,
     ~70 % of its pairs degraded): cnode2-003 is slow in 11 of its 16 pairs (69 %), no
     other node in more than 5 (the cluster-wide rate is 19.9 %)."""
     counts = slow_pairs_per_node(load(G4))
@@ -174,7 +175,7 @@ def test_g4_one_node_is_slow_in_most_of_its_pairs():
 
 
 def test_g4_bad_node_is_in_fewer_than_half_of_the_slow_pairs():
-    """DESIGN.md states one node can sit in most of the slow pairs; the data gives
+    """docs/design.md states one node can sit in most of the slow pairs; the data gives
     cnode2-003 in 11 of 27 (41 %) on cluster00-g4: 16 slow pairs do not involve it."""
     cluster = load(G4)
     slow = slow_pairs(cluster)
@@ -183,7 +184,7 @@ def test_g4_bad_node_is_in_fewer_than_half_of_the_slow_pairs():
 
 
 def test_cluster00_g1_has_no_bad_nic_node():
-    """DESIGN.md states one node can sit in most of the slow pairs; the data gives at
+    """docs/design.md states one node can sit in most of the slow pairs; the data gives at
     most 3 of 8 (cnode2-004, 3 of its 16 pairs) on cluster00's G=1 matrix."""
     counts = slow_pairs_per_node(load(C00))
     assert counts.most_common(1)[0] == ("cnode2-004", 3)
@@ -208,7 +209,7 @@ def test_cluster00_about_4pct_failed():
 
 
 def test_g4_failed_pairs_and_tests():
-    """DESIGN.md states about 4 % of tests fail; the G=4 logs alone give 20 of 269 tests
+    """docs/design.md states about 4 % of tests fail; the G=4 logs alone give 20 of 269 tests
     (7.4 %: 18 alltoall_perf, 2 sendrecv_perf), yet the same 5 failed pairs (3.7 %) as G=1."""
     g4, c0 = load(G4), load(C00)
     assert cluster_stats(g4).failed_fraction == 5 / PAIRS_C00
@@ -218,7 +219,7 @@ def test_g4_failed_pairs_and_tests():
 
 
 def test_cluster01_has_no_failure():
-    """DESIGN.md states about 4 % of tests fail; the data gives 0 of 360 tests and 0 of
+    """docs/design.md states about 4 % of tests fail; the data gives 0 of 360 tests and 0 of
     45 pairs on cluster01."""
     assert cluster_stats(load(C01)).failed_fraction == 0
     assert "Of all 360 tests in these logs" in header(C01) and "0 failed" in header(C01)
@@ -227,7 +228,7 @@ def test_cluster01_has_no_failure():
 # ------------------------------------------------------------------ not in these data
 @pytest.mark.parametrize("name", NAMES)
 def test_matrices_are_symmetric_so_asymmetry_is_zero(name: str):
-    """DESIGN.md states direction asymmetry averages ~4 %; the data gives 0: each pair
+    """docs/design.md states direction asymmetry averages ~4 %; the data gives 0: each pair
     was measured by one run that sends both ways at once and reports one number.  No
     switch groups are published, so the cross-group ratio is not measurable either."""
     cluster = load(name)
@@ -239,7 +240,7 @@ def test_matrices_are_symmetric_so_asymmetry_is_zero(name: str):
 
 
 def test_g1_and_g4_degrade_different_pairs():
-    """DESIGN.md's generator G6 correlates snapshots at ~0.55; cluster00's G=1 and G=4
+    """docs/design.md's generator G6 correlates snapshots at ~0.55; cluster00's G=1 and G=4
     matrices are not two times but two GPU paths, and give -0.06: their slow pairs
     differ (only cnode2-001 - cnode2-004 is slow in both)."""
     c0, g4 = load(C00), load(G4)

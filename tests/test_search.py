@@ -55,7 +55,7 @@ def test_bounds_never_exceed_the_solved_optimum() -> None:
 
 def test_search_finds_the_exhaustive_optimum() -> None:
     """Every layout solved to optimality by cpsat, best by the analytic model, equals the
-    search's best (issue 5: the search must not lose the best plan)."""
+    search's best (the search must not lose the best plan)."""
     instance = _instance()
     evaluator = Evaluator(instance)
     solve = get_method("cpsat")

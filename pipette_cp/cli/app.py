@@ -1,4 +1,5 @@
-"""Top-level typer application, global options and error handling.
+"""The ``pipette-cp`` application: the root app, its global options, its error
+handling, and the one place where every command and command group is registered.
 
 Every :class:`~pipette_cp.errors.PipetteError` becomes one line on stderr and
 the error's exit code; ``--debug`` shows the traceback instead.
@@ -9,16 +10,13 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
 from pipette_cp import __version__
+from pipette_cp.cli import bench, cluster, explain, export, info, predict, profile, solve
+from pipette_cp.cli.console import console, err_console, settings
 from pipette_cp.errors import PipetteError
-
-console = Console()
-err_console = Console(stderr=True)
-_state = {"debug": False}
 
 
 class _ErrorsAsOneLine(TyperGroup):
@@ -28,7 +26,7 @@ class _ErrorsAsOneLine(TyperGroup):
         try:
             return super().invoke(ctx)
         except PipetteError as exc:
-            if _state["debug"]:
+            if settings.debug:
                 raise
             message = escape(str(exc))  # a literal "[profile]" is no markup tag
             err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
@@ -59,7 +57,21 @@ def _main(
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
     ] = False,
 ) -> None:
-    _state["debug"] = debug
+    settings.debug = debug
+
+
+# The commands in the order `pipette-cp --help` lists them, then the command groups.
+app.command()(export.export)
+app.command()(export.plot)
+app.command()(explain.explain)
+app.command("list")(info.list_)
+app.command()(info.show)
+app.command()(info.schema)
+app.command()(predict.predict)
+app.command()(profile.profile)
+app.command()(solve.solve)
+app.add_typer(bench.bench_app, name="bench")
+app.add_typer(cluster.cluster_app, name="cluster")
 
 
 def main() -> None:
@@ -67,26 +79,4 @@ def main() -> None:
     app()
 
 
-# Sub-commands register themselves on import (kept last to avoid cycles).
-from pipette_cp.cli import bench as _bench  # noqa: E402
-from pipette_cp.cli import cluster as _cluster  # noqa: E402
-from pipette_cp.cli import explain as _explain  # noqa: E402
-from pipette_cp.cli import export as _export  # noqa: E402
-from pipette_cp.cli import info as _info  # noqa: E402
-from pipette_cp.cli import predict as _predict  # noqa: E402
-from pipette_cp.cli import profile as _profile  # noqa: E402, F401
-from pipette_cp.cli import solve as _solve  # noqa: E402
-
-__all__ = [
-    "_bench",
-    "_cluster",
-    "_explain",
-    "_export",
-    "_info",
-    "_predict",
-    "_solve",
-    "app",
-    "console",
-    "err_console",
-    "main",
-]
+__all__ = ["app", "console", "err_console", "main"]

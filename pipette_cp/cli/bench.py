@@ -1,6 +1,7 @@
 """``pipette-cp bench [INSTANCES...] | bench report | bench update-best-known``.
 
 ``pipette-cp bench X Y --methods ...`` is short for ``pipette-cp bench run X Y ...``.
+The group is :data:`bench_app`; :mod:`pipette_cp.cli.app` mounts it as ``bench``.
 """
 
 from __future__ import annotations
@@ -9,11 +10,15 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from typer.core import TyperGroup
 
 from pipette_cp import __version__
-from pipette_cp.bench import (
+from pipette_cp.cli.console import console, err_console
+from pipette_cp.cli.progress import progress_bar
+from pipette_cp.errors import PipetteError, SpecError
+from pipette_cp.io.instance_file import load_best_known, write_best_known
+from pipette_cp.specs import BestKnown
+from pipette_cp.suite import (
     DEFAULT_DB,
     DEFAULT_METHODS,
     EXECUTORS,
@@ -27,10 +32,6 @@ from pipette_cp.bench import (
     to_csv,
     to_markdown,
 )
-from pipette_cp.cli.app import app, console, err_console
-from pipette_cp.errors import PipetteError, SpecError
-from pipette_cp.io.instance_file import load_best_known, write_best_known
-from pipette_cp.specs import BestKnown
 
 
 class _RunByDefault(TyperGroup):
@@ -46,7 +47,6 @@ bench_app = typer.Typer(
     cls=_RunByDefault,
     help="Benchmark every method on every instance; report and compare.",
 )
-app.add_typer(bench_app, name="bench")
 
 _DB = typer.Option("--db", help="SQLite store of the results.")
 
@@ -90,7 +90,7 @@ def run_cmd(
         limits,
     )
     runner = make_executor(executor, jobs)
-    with BenchStore(db) as store, _bar() as bar:
+    with BenchStore(db) as store, progress_bar() as bar:
         done = store.finished()
         todo = sum(job.key not in done for job in planned.jobs)
         task = bar.add_task(f"{todo} jobs", total=todo)
@@ -118,12 +118,6 @@ def run_cmd(
             f"`pipette-cp bench update-best-known --db {db}` writes them",
             highlight=False,
         )
-
-
-def _bar() -> Progress:
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())  # fmt: skip
-    return Progress(*columns, console=err_console, transient=True)
 
 
 def _best_known(names: set[str]) -> dict[str, BestKnown | None]:
@@ -157,7 +151,7 @@ def report_cmd(
     report = build_report(rows, _best_known({r.instance for r in rows}), time_limit)
     typer.echo(to_markdown(report) if fmt == "markdown" else to_csv(report), nl=False)
     if plots is not None:
-        from pipette_cp.bench.plots import write_plots  # matplotlib only when asked
+        from pipette_cp.suite.plots import write_plots  # matplotlib only when asked
 
         written, skipped = write_plots(report, rows, plots)
         for path in written:

@@ -1,8 +1,13 @@
-"""``pipette-cp cluster generate | import | measure-plan | compare``: cluster files."""
+"""``pipette-cp cluster generate | import | measure-plan | compare``: cluster files.
+
+The group is :data:`cluster_app` (``import`` is its sub-group :data:`import_app`);
+:mod:`pipette_cp.cli.app` mounts it as ``cluster``.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,7 +16,7 @@ import typer
 import yaml
 from rich.table import Table
 
-from pipette_cp.cli.app import app, console
+from pipette_cp.cli.console import console
 from pipette_cp.clusters.compare import DriftReport, compare_clusters
 from pipette_cp.clusters.generators import generate, generate_timeline
 from pipette_cp.errors import SpecError
@@ -39,7 +44,6 @@ cluster_app = typer.Typer(
     no_args_is_help=True,
     help="Generate, import, measure or compare cluster bandwidth files.",
 )
-app.add_typer(cluster_app, name="cluster")
 
 import_app = typer.Typer(no_args_is_help=True, help="Convert measurements into a cluster file.")
 cluster_app.add_typer(import_app, name="import")
@@ -72,18 +76,19 @@ def generate_cmd(
         list[str] | None, typer.Option("--set", help="Generator parameter KEY=VALUE.")
     ] = None,
 ) -> None:
-    """Write a seeded synthetic cluster (G1-G6 of DESIGN.md section 5)."""
+    """Write a seeded synthetic cluster (G1-G6)."""
     params = _params(set_ or [])
     if snapshots > 1:
         timeline = generate_timeline(
             kind, nodes=nodes, seed=seed, snapshots=snapshots, gpus_per_node=gpus_per_node, **params
         )
         for t, cluster in enumerate(timeline):
-            path = out.with_name(f"{out.stem}-t{t:02d}{out.suffix or '.yaml'}")
-            write_cluster_file(cluster, path)
-            console.print(f"wrote {path} ({cluster.describe()})", highlight=False)
+            _write(cluster, out.with_name(f"{out.stem}-t{t:02d}{out.suffix or '.yaml'}"))
         return
-    cluster = generate(kind, nodes=nodes, seed=seed, gpus_per_node=gpus_per_node, **params)
+    _write(generate(kind, nodes=nodes, seed=seed, gpus_per_node=gpus_per_node, **params), out)
+
+
+def _write(cluster: ClusterSpec, out: Path) -> None:
     write_cluster_file(cluster, out)
     console.print(f"wrote {out} ({cluster.describe()})", highlight=False)
 
@@ -125,11 +130,6 @@ def _settings(
             intra_gb or spec.nvlink_bandwidth_bytes_per_s / GB
         )
     return settings
-
-
-def _write(cluster: ClusterSpec, out: Path) -> None:
-    write_cluster_file(cluster, out)
-    console.print(f"wrote {out} ({cluster.describe()})", highlight=False)
 
 
 @import_app.command("nccl-tests")
@@ -190,7 +190,7 @@ def import_mpigraph(
 
 
 def _import_matrix(
-    reader: Any,
+    reader: Callable[[Path], LabelledMatrix],
     path: Path,
     out: Path,
     gpu: str,
@@ -206,47 +206,45 @@ def _import_matrix(
     _write(cluster_from_matrix(matrix, settings), out)
 
 
-@import_app.command("pipette-json")
-def import_pipette_json(
-    path: Annotated[
-        Path, typer.Argument(help='Pipette\'s {"gpus": [...], "bandwidth": [[GB/s]]} file.')
-    ],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Cluster file to write.")],
-    gpu: Annotated[str, _GPU],
-    gpus_per_node: Annotated[int, _GPN] = 8,
-    nics_per_node: Annotated[int | None, _NICS] = None,
-    nic_gb_per_s: Annotated[float | None, _NIC_BW] = None,
-    intra_gb_per_s: Annotated[float | None, _INTRA] = None,
-) -> None:
-    """Convert Pipette's node x node JSON matrix (GB/s) into a cluster file."""
-    _import_matrix(
+def _matrix_import(
+    reader: Callable[[Path], LabelledMatrix], path_argument: Any, doc: str
+) -> Callable[..., None]:
+    """An ``import`` command for the node x node matrix files ``reader`` reads.
+
+    ``path_argument`` (a ``typer.Argument``) is the file's default, not part of an
+    annotation: annotations are strings, looked up among this module's names."""
+
+    def command(
+        out: Annotated[Path, typer.Option("--out", "-o", help="Cluster file to write.")],
+        gpu: Annotated[str, _GPU],
+        path: Path = path_argument,
+        gpus_per_node: Annotated[int, _GPN] = 8,
+        nics_per_node: Annotated[int | None, _NICS] = None,
+        nic_gb_per_s: Annotated[float | None, _NIC_BW] = None,
+        intra_gb_per_s: Annotated[float | None, _INTRA] = None,
+    ) -> None:
+        _import_matrix(
+            reader, path, out, gpu, gpus_per_node, nics_per_node, nic_gb_per_s, intra_gb_per_s
+        )
+
+    command.__doc__ = doc
+    return command
+
+
+import_pipette_json = import_app.command("pipette-json")(
+    _matrix_import(
         read_pipette_json,
-        path,
-        out,
-        gpu,
-        gpus_per_node,
-        nics_per_node,
-        nic_gb_per_s,
-        intra_gb_per_s,
+        typer.Argument(help='Pipette\'s {"gpus": [...], "bandwidth": [[GB/s]]} file.'),
+        "Convert Pipette's node x node JSON matrix (GB/s) into a cluster file.",
     )
-
-
-@import_app.command("csv")
-def import_csv(
-    path: Annotated[
-        Path, typer.Argument(help="Square CSV, header row of node names, GB/s, empty = failed.")
-    ],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Cluster file to write.")],
-    gpu: Annotated[str, _GPU],
-    gpus_per_node: Annotated[int, _GPN] = 8,
-    nics_per_node: Annotated[int | None, _NICS] = None,
-    nic_gb_per_s: Annotated[float | None, _NIC_BW] = None,
-    intra_gb_per_s: Annotated[float | None, _INTRA] = None,
-) -> None:
-    """Convert a node x node CSV matrix (GB/s) into a cluster file."""
-    _import_matrix(
-        read_matrix_csv, path, out, gpu, gpus_per_node, nics_per_node, nic_gb_per_s, intra_gb_per_s
+)
+import_csv = import_app.command("csv")(
+    _matrix_import(
+        read_matrix_csv,
+        typer.Argument(help="Square CSV, header row of node names, GB/s, empty = failed."),
+        "Convert a node x node CSV matrix (GB/s) into a cluster file.",
     )
+)
 
 
 # ------------------------------------------------------------ measure-plan, compare

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from pipette_cp.cli.app import app, console
-from pipette_cp.cli.export import load_plan
+from pipette_cp.cli.console import console
+from pipette_cp.cli.options import PlanInstanceOption, load_plan
 from pipette_cp.errors import SpecError
 from pipette_cp.report.sensitivity import sensitivity
 from pipette_cp.report.sensitivity_view import (
@@ -19,17 +19,11 @@ from pipette_cp.report.sensitivity_view import (
 )
 
 
-@app.command()
 def explain(
     plan_file: Annotated[
         Path, typer.Argument(help="Plan JSON written by `pipette-cp solve --out`.")
     ],
-    instance: Annotated[
-        str | None,
-        typer.Option(
-            "--instance", help="Instance the plan is for [default: the one recorded in the plan]."
-        ),
-    ] = None,
+    instance: PlanInstanceOption = None,
     factor: Annotated[
         float,
         typer.Option("--factor", help="Bandwidth multiplier of one link or node, in (0, 1)."),

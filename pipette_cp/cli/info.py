@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pipette_cp.cli.app import app, console
+from pipette_cp.cli.console import console
 from pipette_cp.clusters.generators import GENERATORS
 from pipette_cp.io.cluster_file import read_cluster_file
 from pipette_cp.io.files import read_mapping
@@ -27,7 +27,6 @@ class Catalogue(StrEnum):
     generators = "generators"
 
 
-@app.command("list")
 def list_(
     what: Annotated[Catalogue, typer.Argument(help="What to list.")] = Catalogue.instances,
 ) -> None:
@@ -54,7 +53,6 @@ def list_(
         console.print(name + suffix, highlight=False)
 
 
-@app.command()
 def show(
     instance: Annotated[
         str, typer.Argument(help="Bundled instance name or path to an instance file.")
@@ -72,7 +70,6 @@ def show(
     console.print(instance_report(load_instance(instance)))
 
 
-@app.command()
 def schema(
     out: Annotated[
         Path, typer.Option("--out", "-o", help="Directory to write <Spec>.schema.json files into.")

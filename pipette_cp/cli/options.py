@@ -1,25 +1,39 @@
-"""Options shared by the commands that take an instance (``predict``, ``solve``).
+"""Options and inputs shared by several commands.
 
-An instance bundles model, cluster and training; these options replace a part of
-it, so a measured cluster or another model can be used without writing an
-instance file::
+An instance bundles model, cluster and training; the options of
+:func:`instance_options` (``predict``, ``solve``) replace a part of it, so a
+measured cluster or another model can be used without writing an instance file::
 
     pipette-cp solve --model llama-2-7b --cluster cluster.yaml --global-batch 512
+
+A plan file (``solve --out``) is read by :func:`read_plan`; with its instance
+(``--instance``, :data:`PlanInstanceOption`) by :func:`load_plan` (``export``,
+``plot``, ``explain``).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, get_type_hints
 
 import typer
+from pydantic import ValidationError
 
+from pipette_cp.cost.layout_check import validate_layout
+from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.cluster_file import read_cluster_file
+from pipette_cp.io.files import read_text
 from pipette_cp.io.instance_file import load_instance
 from pipette_cp.io.model_file import load_model
 from pipette_cp.io.profile_file import load_layer_profile
-from pipette_cp.specs import Instance, TrainingSpec, validate_spec
+from pipette_cp.specs import Instance, Plan, TrainingSpec, validate_spec
+from pipette_cp.specs._base import spec_error_from
 
+InstanceArgument = Annotated[str, typer.Argument(help="Bundled instance name or instance file.")]
 ModelOption = Annotated[
     str | None,
     typer.Option(
@@ -44,16 +58,55 @@ SeqLengthOption = Annotated[
 ]
 
 
-def resolve_instance(
-    instance: str,
-    *,
-    model: str | None = None,
-    cluster: Path | None = None,
-    profile: Path | None = None,
-    global_batch: int | None = None,
-    seq_length: int | None = None,
-) -> Instance:
+@dataclass(frozen=True)
+class Replacements:
+    """The parts of an instance replaced on the command line (``None``: the instance's own);
+    each field's annotation is its option, in the order ``--help`` lists them."""
+
+    model: ModelOption = None
+    cluster: ClusterOption = None
+    profile: ProfileOption = None
+    global_batch: GlobalBatchOption = None
+    seq_length: SeqLengthOption = None
+
+    def any(self) -> bool:
+        """Whether anything is replaced (the instance file no longer describes the job)."""
+        return any(getattr(self, f.name) is not None for f in fields(self))
+
+
+#: Nothing replaced: the default of a command's ``replace`` parameter.
+NO_REPLACEMENTS = Replacements()
+
+
+def instance_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Give ``command`` the options of :class:`Replacements` (``--model``, ``--cluster``,
+    ``--profile``, ``--global-batch``, ``--seq-length``) in place of its ``replace``
+    parameter, which receives them as one :class:`Replacements`."""
+    signature = inspect.signature(command, eval_str=True)
+    params = list(signature.parameters.values())
+    at = [p.name for p in params].index("replace")
+    hints = get_type_hints(Replacements, include_extras=True)  # the Annotated options
+    names = [f.name for f in fields(Replacements)]
+    options = [
+        inspect.Parameter(name, params[at].kind, default=None, annotation=hints[name])
+        for name in names
+    ]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> Any:
+        replace = Replacements(**{name: kwargs.pop(name) for name in names})
+        return command(**kwargs, replace=replace)
+
+    wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[*params[:at], *options, *params[at + 1 :]]
+    )
+    return wrapper
+
+
+def resolve_instance(instance: str, replace: Replacements) -> Instance:
     """Load ``instance`` and apply the command-line replacements (validated)."""
+    model, cluster, profile = replace.model, replace.cluster, replace.profile
+    global_batch, seq_length = replace.global_batch, replace.seq_length
     inst = load_instance(instance)
     update: dict = {}
     if model is not None:
@@ -78,3 +131,30 @@ def resolve_instance(
         model_name = update["model"].name if model is not None else inst.model.name
         update["name"] = f"{model_name}-on-{cluster.stem if cluster is not None else inst.name}"
     return validate_spec(Instance, {**dict(inst), **update}, "instance")
+
+
+PlanInstanceOption = Annotated[
+    str | None,
+    typer.Option(
+        "--instance", help="Instance the plan is for [default: the one recorded in the plan]."
+    ),
+]
+
+
+def read_plan(path: Path) -> Plan:
+    """A plan file; a malformed one is an error naming the file."""
+    try:
+        return Plan.model_validate_json(read_text(path))
+    except ValidationError as exc:  # name the file, not just its first bytes
+        raise InputFileError(path, str(spec_error_from(exc, "plan"))) from None
+
+
+def load_plan(path: Path, instance: str | None) -> tuple[Plan, Instance]:
+    """A plan file and its instance (from ``--instance`` or the plan's own record)."""
+    plan = read_plan(path)
+    name = instance or plan.instance
+    if not name:
+        raise SpecError("--instance", None, f"{path} does not record its instance; pass --instance")
+    inst = load_instance(name)
+    validate_layout(inst, plan)  # a plan made for another instance (or edited by hand)
+    return plan, inst

@@ -10,22 +10,20 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from pipette_cp.cli.app import app, console
+from pipette_cp.cli.console import console
 from pipette_cp.cli.options import (
-    ClusterOption,
-    GlobalBatchOption,
-    ModelOption,
-    ProfileOption,
-    SeqLengthOption,
+    NO_REPLACEMENTS,
+    InstanceArgument,
+    Replacements,
+    instance_options,
+    read_plan,
     resolve_instance,
 )
 from pipette_cp.cost.evaluate import evaluate
 from pipette_cp.cost.memory import memory_by_stage
-from pipette_cp.errors import InputFileError, LayoutError
-from pipette_cp.io.files import read_text
+from pipette_cp.errors import LayoutError
 from pipette_cp.io.instance_file import DEFAULT_INSTANCE
 from pipette_cp.report.evaluation import evaluation_json, evaluation_table
-from pipette_cp.specs import Plan
 from pipette_cp.specs._base import spec_error_from
 from pipette_cp.specs.layouts import make_plan
 
@@ -41,13 +39,6 @@ class Predictor(StrEnum):
     simulator = "simulator"
 
 
-def _plan_file(path: Path) -> Plan:
-    try:
-        return Plan.model_validate_json(read_text(path))
-    except ValidationError as exc:  # name the file, not just its first bytes
-        raise InputFileError(path, str(spec_error_from(exc, "plan"))) from None
-
-
 def _split(text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None
@@ -59,11 +50,9 @@ def _split(text: str | None) -> tuple[int, ...] | None:
         ) from None
 
 
-@app.command()
+@instance_options
 def predict(
-    instance: Annotated[
-        str, typer.Argument(help="Bundled instance name or instance file.")
-    ] = DEFAULT_INSTANCE,
+    instance: InstanceArgument = DEFAULT_INSTANCE,
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size.")] = 1,
     pp: Annotated[int, typer.Option("--pp", help="Pipeline-parallel size.")] = 1,
     mb: Annotated[int, typer.Option("--mb", help="Micro-batch size (sequences).")] = 1,
@@ -94,17 +83,10 @@ def predict(
         Predictor, typer.Option(help="Analytic model or schedule simulator.")
     ] = Predictor.analytic,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    model: ModelOption = None,
-    cluster: ClusterOption = None,
-    profile: ProfileOption = None,
-    global_batch: GlobalBatchOption = None,
-    seq_length: SeqLengthOption = None,
+    replace: Replacements = NO_REPLACEMENTS,  # --model, --cluster, ... (instance_options)
 ) -> None:
     """Predict iteration time, throughput, MFU and memory per stage of one layout."""
-    inst = resolve_instance(
-        instance, model=model, cluster=cluster, profile=profile,
-        global_batch=global_batch, seq_length=seq_length,
-    )  # fmt: skip
+    inst = resolve_instance(instance, replace)
     gpus = inst.cluster.num_gpus
     given = 1 if dp is None else dp  # checked before dividing by tp * pp
     for name, value in (("--tp", tp), ("--pp", pp), ("--mb", mb), ("--dp", given), ("--vpp", vpp)):
@@ -124,7 +106,7 @@ def predict(
                           f"pp={pp} x vpp={vpp} model chunks, but the model has {layers} layers")  # fmt: skip
     placed = None
     if placement != "default":
-        source = _plan_file(Path(placement))
+        source = read_plan(Path(placement))
         if (source.dp, source.pp, source.tp) != (dp, pp, tp):
             raise LayoutError(
                 "--placement",

@@ -14,7 +14,7 @@ from typing import Annotated, cast
 
 import typer
 
-from pipette_cp.cli.app import app, err_console
+from pipette_cp.cli.console import err_console
 from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.model_file import load_model
 from pipette_cp.profiler import require_torch
@@ -64,7 +64,6 @@ def _progress(entry: LayerProfileEntry) -> None:
     )
 
 
-@app.command()
 def profile(
     model: Annotated[
         str, typer.Argument(help="Bundled model name, model YAML, or HF config.json.")

@@ -1,4 +1,5 @@
-"""The progress bar of a search: one rich task per phase (``search.loop.Progress``)."""
+"""Progress bars on stderr: one rich task per phase of a search (``search.loop.Progress``),
+or the benchmark suite's one bar over its jobs."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from pipette_cp.cli.app import err_console
+from pipette_cp.cli.console import err_console
 
 #: Label of every phase the search (and the robust search) reports.
 PHASES = {
@@ -27,12 +28,17 @@ PHASES = {
 }
 
 
+def progress_bar(disable: bool = False) -> Progress:
+    """A transient bar on stderr: description, bar, done/total and elapsed time per task."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())  # fmt: skip
+    return Progress(*columns, console=err_console, transient=True, disable=disable)
+
+
 @contextmanager
 def search_progress(disable: bool = False) -> Iterator[Callable[[str, int, int], None]]:
     """A ``progress(phase, done, total)`` callback drawing one bar per phase on stderr."""
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())  # fmt: skip
-    with Progress(*columns, console=err_console, transient=True, disable=disable) as bar:
+    with progress_bar(disable) as bar:
         tasks: dict[str, TaskID] = {}
 
         def progress(phase: str, done: int, total: int) -> None:

@@ -20,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from pipette_cp.cli.app import console
+from pipette_cp.cli.console import console
 from pipette_cp.cli.progress import search_progress
 from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.cluster_file import read_cluster_file

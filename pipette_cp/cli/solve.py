@@ -9,13 +9,12 @@ from typing import Annotated
 import typer
 
 from pipette_cp.api import solve_with_stats
-from pipette_cp.cli.app import app, console
+from pipette_cp.cli.console import console
 from pipette_cp.cli.options import (
-    ClusterOption,
-    GlobalBatchOption,
-    ModelOption,
-    ProfileOption,
-    SeqLengthOption,
+    NO_REPLACEMENTS,
+    InstanceArgument,
+    Replacements,
+    instance_options,
     resolve_instance,
 )
 from pipette_cp.cli.progress import search_progress
@@ -45,11 +44,9 @@ def _override(space: SearchSpace, **lists: tuple | None) -> SearchSpace:
     return validate_spec(SearchSpace, {**space.model_dump(), **update}, "search_space")
 
 
-@app.command()
+@instance_options
 def solve(
-    instance: Annotated[
-        str, typer.Argument(help="Bundled instance name or instance file.")
-    ] = DEFAULT_INSTANCE,
+    instance: InstanceArgument = DEFAULT_INSTANCE,
     top: Annotated[int, typer.Option("--top", help="Plans to show.")] = 5,
     time_limit: Annotated[
         float | None,
@@ -70,23 +67,16 @@ def solve(
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Write the best plan (JSON).")
     ] = None,
-    model: ModelOption = None,
-    cluster: ClusterOption = None,
-    profile: ProfileOption = None,
-    global_batch: GlobalBatchOption = None,
-    seq_length: SeqLengthOption = None,
+    replace: Replacements = NO_REPLACEMENTS,  # --model, --cluster, ... (instance_options)
     snapshots: SnapshotsOption = None,
     quantile: QuantileOption = 1.0,
 ) -> None:
     """Find the fastest layouts that fit: degrees, knobs, layer split and GPU placement."""
     if method not in METHODS:
         raise SpecError("--method", method, f"unknown method; known: {', '.join(sorted(METHODS))}")
-    inst = resolve_instance(
-        instance, model=model, cluster=cluster, profile=profile,
-        global_batch=global_batch, seq_length=seq_length,
-    )  # fmt: skip
-    replaced = (model, cluster, profile, global_batch, seq_length)
-    if any(part is not None for part in replaced):  # the instance file no longer describes it
+    inst = resolve_instance(instance, replace)
+    cluster, profile = replace.cluster, replace.profile
+    if replace.any():  # the instance file no longer describes it
         instance = str(_write_instance(inst, out, cluster, profile)) if out else inst.name
     space = _override(
         inst.search_space,

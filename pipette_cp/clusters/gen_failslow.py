@@ -2,7 +2,7 @@
 
 Plans made on one snapshot and run on the next meet (a) the pair noise that did
 not persist and (b) slow-link and slow-NIC events that started or ended in
-between.  DESIGN.md section 5 asks for a pair correlation of about 0.55 between
+between.  docs/design.md, section 5 asks for a pair correlation of about 0.55 between
 consecutive snapshots (Pipette's two mpiGraph snapshots of a 16-node A100
 cluster).  Every source of change is given that same lag-one correlation:
 
@@ -29,7 +29,7 @@ import numpy as np
 from pipette_cp.clusters.gen_fabric import Fabric
 from pipette_cp.clusters.gen_healthy import healthy_a100
 from pipette_cp.clusters.gen_noise import group_log_factor, upper_pairs
-from pipette_cp.clusters.gen_params import call_builder, number, parameters_of
+from pipette_cp.clusters.gen_params import call_builder, factor, number, parameters_of
 from pipette_cp.errors import SpecError
 
 
@@ -114,7 +114,7 @@ def failslow(
         GPUs per server, passed to the base generator.
     correlation : float
         Expected correlation of the per-pair log-deviations of consecutive snapshots,
-        in (0, 1] (DESIGN.md section 5: ~0.55).  Also the probability that an event
+        in (0, 1] (docs/design.md, section 5: ~0.55).  Also the probability that an event
         lasts into the next snapshot, and the base noise's ``persistent_share``.
     slow_link_fraction : float
         Mean share of node pairs inside a slow-link event at a snapshot (0.02: an
@@ -125,9 +125,9 @@ def failslow(
         then swings between ~0.05 and ~0.95 as it appears or goes (0.06, one per 17
         nodes as G3's stragglers, is a harsher setting).
     slow_nic_pair_fraction : float
-        Share of a slow NIC's pairs that are slowed (G3 / DESIGN.md: ~70 %).
+        Share of a slow NIC's pairs that are slowed (G3 / docs/design.md: ~70 %).
     slow_factor_low, slow_factor_high : float
-        A slowed pair keeps ``U(low, high)`` x its bandwidth; DESIGN.md's degraded
+        A slowed pair keeps ``U(low, high)`` x its bandwidth; docs/design.md's degraded
         range 0.55-0.70 (xxrjun example-cluster00).
     **base_params
         Parameters of :func:`~pipette_cp.clusters.gen_healthy.healthy_a100`, except
@@ -139,7 +139,7 @@ def failslow(
         With :class:`SlowEvents` attached and the extra transient noise set.
     """
     kind = "failslow"
-    rho = number(f"{kind}.correlation", correlation, 0.0, 1.0, open_low=True)
+    rho = factor(f"{kind}.correlation", correlation)
     if "persistent_share" in base_params:
         raise SpecError(
             f"{kind}.persistent_share",
@@ -154,8 +154,8 @@ def failslow(
             f"{kind}.slow_nic_pair_fraction", slow_nic_pair_fraction, 0.0, 1.0
         ),
         persistence=rho,
-        factor_low=number(f"{kind}.slow_factor_low", slow_factor_low, 0.0, 1.0, open_low=True),
-        factor_high=number(f"{kind}.slow_factor_high", slow_factor_high, 0.0, 1.0, open_low=True),
+        factor_low=factor(f"{kind}.slow_factor_low", slow_factor_low),
+        factor_high=factor(f"{kind}.slow_factor_high", slow_factor_high),
     )
     if events.factor_high < events.factor_low:
         raise SpecError(

@@ -5,6 +5,7 @@ Call them through :func:`pipette_cp.clusters.generators.generate`.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -19,21 +20,23 @@ from pipette_cp.clusters.gen_noise import (
     upper_pairs,
 )
 from pipette_cp.clusters.gen_params import (
+    Common,
+    bandwidth,
     call_builder,
     choice,
-    gpu_type,
+    factor,
     integer,
     leaf_fabric,
+    leaf_generator,
     number,
-    with_noise_doc,
 )
 from pipette_cp.errors import SpecError
 from pipette_cp.units import GB
 
-#: Base fabrics G3 degrades (DESIGN.md section 5: "G1/G2 plus ...").
+#: Base fabrics G3 degrades (docs/design.md, section 5: "G1/G2 plus ...").
 DEGRADED_BASES = {"healthy-a100": healthy_a100, "h100-multileaf": h100_multileaf}
 
-#: Spine oversubscription ratios of G4 (DESIGN.md section 5).
+#: Spine oversubscription ratios of G4 (docs/design.md, section 5).
 OVERSUBSCRIPTIONS = (2.8, 7.0, 15.0)
 
 
@@ -53,7 +56,7 @@ def degraded(
 ) -> Fabric:
     """G3: a production cluster with degraded pairs, straggler NICs and failed pairs.
 
-    Numbers from DESIGN.md section 5, which summarises the pairwise nccl-tests of
+    Numbers from docs/design.md, section 5, which summarises the pairwise nccl-tests of
     the 17-node H100 cluster of xxrjun/nccl-tests-cluster (example-cluster00): 6-21 %
     of pairs degraded to 0.54-0.70 x the median, one node in most of the slow pairs,
     34 of 810 tests (4.2 %) failed.
@@ -69,15 +72,15 @@ def degraded(
     base : str
         The healthy fabric degraded: ``healthy-a100`` (G1) or ``h100-multileaf`` (G2).
     degraded_fraction : float
-        Share of node pairs degraded in total, straggler pairs included (DESIGN.md: 5-15 %).
+        Share of node pairs degraded in total, straggler pairs included (docs/design.md: 5-15 %).
     degraded_factor_low, degraded_factor_high : float
-        A degraded pair keeps ``U(low, high)`` x its healthy bandwidth (DESIGN.md: 0.55-0.70).
+        A degraded pair keeps ``U(low, high)`` x its healthy bandwidth (docs/design.md: 0.55-0.70).
     straggler_every : float
-        One straggler-NIC node per this many nodes, rounded (DESIGN.md: ~17).
+        One straggler-NIC node per this many nodes, rounded (docs/design.md: ~17).
     straggler_pair_fraction : float
-        Share of a straggler's pairs that are degraded (DESIGN.md: ~70 %).
+        Share of a straggler's pairs that are degraded (docs/design.md: ~70 %).
     failed_fraction : float
-        Share of node pairs that fail outright, bandwidth 0 (DESIGN.md: ~4 %).
+        Share of node pairs that fail outright, bandwidth 0 (docs/design.md: ~4 %).
     **base_params
         Parameters of the base generator (e.g. ``leaf_size``, ``noise_sigma``).
 
@@ -89,8 +92,8 @@ def degraded(
     kind = "degraded"
     base = choice(f"{kind}.base", base, tuple(DEGRADED_BASES))
     fraction = number(f"{kind}.degraded_fraction", degraded_fraction, 0.0, 0.5)
-    low = number(f"{kind}.degraded_factor_low", degraded_factor_low, 0.0, 1.0, open_low=True)
-    high = number(f"{kind}.degraded_factor_high", degraded_factor_high, 0.0, 1.0, open_low=True)
+    low = factor(f"{kind}.degraded_factor_low", degraded_factor_low)
+    high = factor(f"{kind}.degraded_factor_high", degraded_factor_high)
     if high < low:
         raise SpecError(
             f"{kind}.degraded_factor_high", high, f"must be >= degraded_factor_low={low:g}"
@@ -123,29 +126,20 @@ def degraded(
     return fabric
 
 
-@with_noise_doc
+@leaf_generator("oversubscribed", gpu="a100", nics_per_node=8, nic_gbytes_per_s=18.8)
 def oversubscribed(
     rng: np.random.Generator,
+    common: Common,
     *,
-    nodes: int,
-    gpus_per_node: int = 8,
-    gpu: str = "a100",
-    nics_per_node: int = 8,
-    nic_gbytes_per_s: float = 18.8,
     intra_node_gbytes_per_s: float = 235.0,
     pod_size: int = 8,
     oversubscription: float = 2.8,
     load_fraction: float = 0.5,
-    noise_sigma: float = 0.026,
-    direction_sigma: float = 0.035,
-    persistent_share: float = 0.55,
-    asymmetry_clip: float = 0.15,
-    asymmetry_outlier: float = 0.31,
 ) -> Fabric:
     """G4: racks grouped into pods whose uplinks to the spine are oversubscribed.
 
     Inside a pod the fabric is non-blocking (G1's A100 + HDR numbers); a pair across
-    pods gets ``min(1, 1 / (oversubscription x load_fraction))`` of that (DESIGN.md
+    pods gets ``min(1, 1 / (oversubscription x load_fraction))`` of that (docs/design.md,
     section 5): when a fraction ``u`` of the pod's injection bandwidth crosses an
     uplink stage oversubscribed ``o``:1, each flow gets ``1/(o u)`` of its rate.
 
@@ -160,7 +154,7 @@ def oversubscribed(
     pod_size : int
         Nodes per pod, filled in hostfile order (8: an assumption, one rack).
     oversubscription : float
-        Uplink oversubscription ``o``: 2.8, 7 or 15 (DESIGN.md section 5).
+        Uplink oversubscription ``o``: 2.8, 7 or 15 (docs/design.md, section 5).
     load_fraction : float
         Share ``u`` of the pods' injection bandwidth that crosses pods at once, in
         (0, 1] (0.5: an assumption, a job whose data-parallel rings span pods).
@@ -171,38 +165,27 @@ def oversubscribed(
     Fabric
         Node groups = pod ids.
     """
-    kind = "oversubscribed"
-    integer("nodes", nodes, 2, f"for {kind}")
-    integer("gpus_per_node", gpus_per_node, 1)
-    integer(f"{kind}.nics_per_node", nics_per_node, 1)
-    nic = number(f"{kind}.nic_gbytes_per_s", nic_gbytes_per_s, 0.0, 1e4, open_low=True)
-    intra = number(
-        f"{kind}.intra_node_gbytes_per_s", intra_node_gbytes_per_s, 0.0, 1e4, open_low=True
-    )
+    kind, nodes = common.kind, common.nodes
+    # G4 computes with the NIC bandwidth as a float (G1, G2, G5 with the value as given)
+    common = replace(common, nic_gbytes_per_s=float(common.nic_gbytes_per_s))
+    intra = bandwidth(f"{kind}.intra_node_gbytes_per_s", intra_node_gbytes_per_s)
     pod = integer(f"{kind}.pod_size", pod_size, 1)
     if nodes <= pod:
         raise SpecError("nodes", nodes, f"must be > pod_size={pod} for {kind} (two pods at least)")
-    ratio = choice(
-        f"{kind}.oversubscription", oversubscription, OVERSUBSCRIPTIONS, "(DESIGN.md section 5)"
-    )
-    load = number(f"{kind}.load_fraction", load_fraction, 0.0, 1.0, open_low=True)
+    ratio = choice(f"{kind}.oversubscription", oversubscription, OVERSUBSCRIPTIONS)
+    load = factor(f"{kind}.load_fraction", load_fraction)
     return leaf_fabric(
         rng,
-        kind=kind,
+        common,
         groups=filled_groups(nodes, pod),
-        level_bytes_per_s=nic * GB,
+        level_bytes_per_s=common.nic_gbytes_per_s * GB,
         cross_group_factor=cross_pod_factor(ratio, load),
-        gpu=gpu_type(f"{kind}.gpu", gpu),
-        gpus_per_node=gpus_per_node,
         intra_node=intra * GB,
-        nics_per_node=nics_per_node,
-        nic_gbytes_per_s=nic,
-        noise_params=locals(),
     )
 
 
 def cross_pod_factor(oversubscription: float, load_fraction: float) -> float:
-    """Cross-pod bandwidth factor ``min(1, 1/(o u))`` (DESIGN.md section 5).
+    """Cross-pod bandwidth factor ``min(1, 1/(o u))`` (docs/design.md, section 5).
 
     >>> round(cross_pod_factor(7.0, 0.5), 4)
     0.2857

@@ -12,12 +12,14 @@ import numpy as np
 from pipette_cp.clusters.gen_fabric import Fabric
 from pipette_cp.clusters.gen_noise import filled_groups, uneven_groups
 from pipette_cp.clusters.gen_params import (
+    Common,
+    bandwidth,
     choice,
-    gpu_type,
+    factor,
     integer,
     leaf_fabric,
+    leaf_generator,
     number,
-    with_noise_doc,
 )
 from pipette_cp.errors import SpecError
 from pipette_cp.units import GB
@@ -45,30 +47,35 @@ DGX1_NVLINKS = np.array(
 )
 
 
-def _common(kind: str, nodes: int, gpus_per_node: int, nics: int, nic: float) -> None:
-    integer("nodes", nodes, 2, f"for {kind} (a bandwidth matrix needs two nodes)")
-    integer("gpus_per_node", gpus_per_node, 1)
-    integer(f"{kind}.nics_per_node", nics, 1)
-    number(f"{kind}.nic_gbytes_per_s", nic, 0.0, 1e4, open_low=True)
+def filled_leaves(
+    rng: np.random.Generator,
+    common: Common,
+    leaf_size: int,
+    cross_leaf_factor: float,
+    intra_node: float | np.ndarray,
+) -> Fabric:
+    """Leaves of ``leaf_size`` nodes filled in hostfile order, the NIC bandwidth inside a
+    leaf and ``cross_leaf_factor`` x that across (G1, G5); checks the two parameters."""
+    leaf = integer(f"{common.kind}.leaf_size", leaf_size, 1)
+    cross = factor(f"{common.kind}.cross_leaf_factor", cross_leaf_factor)
+    return leaf_fabric(
+        rng,
+        common,
+        groups=filled_groups(common.nodes, leaf),
+        level_bytes_per_s=common.nic_gbytes_per_s * GB,
+        cross_group_factor=cross,
+        intra_node=intra_node,
+    )
 
 
-@with_noise_doc
+@leaf_generator("healthy-a100", gpu="a100", nics_per_node=8, nic_gbytes_per_s=18.8)
 def healthy_a100(
     rng: np.random.Generator,
+    common: Common,
     *,
-    nodes: int,
-    gpus_per_node: int = 8,
-    gpu: str = "a100",
-    nics_per_node: int = 8,
-    nic_gbytes_per_s: float = 18.8,
     intra_node_gbytes_per_s: float = 235.0,
     leaf_size: int = 20,
     cross_leaf_factor: float = 0.95,
-    noise_sigma: float = 0.026,
-    direction_sigma: float = 0.035,
-    persistent_share: float = 0.55,
-    asymmetry_clip: float = 0.15,
-    asymmetry_outlier: float = 0.31,
 ) -> Fabric:
     """G1: a healthy A100 cluster on an HDR InfiniBand fat tree.
 
@@ -83,19 +90,19 @@ def healthy_a100(
     gpu : str
         Catalogue GPU name; A100-SXM4-80GB as Azure NDmv4.
     nics_per_node : int
-        HDR NICs per server, 4 or 8 (DESIGN.md section 5; NDv4/NDmv4 have 8).
+        HDR NICs per server, 4 or 8 (docs/design.md, section 5; NDv4/NDmv4 have 8).
     nic_gbytes_per_s : float
         What one GPU-to-GPU stream over one NIC delivers under load, GB/s: 18.8
-        (DESIGN.md section 5); an idle HDR NIC reaches 23.7 GB/s (SuperBench
+        (docs/design.md, section 5); an idle HDR NIC reaches 23.7 GB/s (SuperBench
         Azure-NDv4-A100 baseline.json, ``ib-loopback/ib_write_8388608_ib0_bw``).
     intra_node_gbytes_per_s : float
         GPU-to-GPU NVSwitch bandwidth inside a node, GB/s: 235, the 8-GPU NCCL
         all-reduce bus bandwidth at 8 GiB (SuperBench Azure-NDv4-A100 baseline.json,
         ``nccl-bw/allreduce_8589934592_busbw`` = 235.05; NDmv4: 235.65).
     leaf_size : int
-        Nodes per leaf switch, filled in hostfile order (DESIGN.md: up to 20).
+        Nodes per leaf switch, filled in hostfile order (docs/design.md: up to 20).
     cross_leaf_factor : float
-        Bandwidth across leaves relative to within a leaf (DESIGN.md: 0.95).
+        Bandwidth across leaves relative to within a leaf (docs/design.md: 0.95).
     {noise}
 
     Returns
@@ -103,49 +110,25 @@ def healthy_a100(
     Fabric
         Node groups = leaf ids; the level is ``nic_gbytes_per_s`` inside a leaf.
     """
-    kind = "healthy-a100"
-    _common(kind, nodes, gpus_per_node, nics_per_node, nic_gbytes_per_s)
-    choice(f"{kind}.nics_per_node", nics_per_node, (4, 8), "(HDR A100 servers, DESIGN.md)")
-    intra = number(
-        f"{kind}.intra_node_gbytes_per_s", intra_node_gbytes_per_s, 0.0, 1e4, open_low=True
-    )
-    leaf = integer(f"{kind}.leaf_size", leaf_size, 1)
-    cross = number(f"{kind}.cross_leaf_factor", cross_leaf_factor, 0.0, 1.0, open_low=True)
-    return leaf_fabric(
-        rng,
-        kind=kind,
-        groups=filled_groups(nodes, leaf),
-        level_bytes_per_s=nic_gbytes_per_s * GB,
-        cross_group_factor=cross,
-        gpu=gpu_type(f"{kind}.gpu", gpu),
-        gpus_per_node=gpus_per_node,
-        intra_node=intra * GB,
-        nics_per_node=nics_per_node,
-        nic_gbytes_per_s=nic_gbytes_per_s,
-        noise_params=locals(),
-    )
+    kind = common.kind
+    choice(f"{kind}.nics_per_node", common.nics_per_node, (4, 8), "(HDR A100 servers)")
+    intra = bandwidth(f"{kind}.intra_node_gbytes_per_s", intra_node_gbytes_per_s)
+    return filled_leaves(rng, common, leaf_size, cross_leaf_factor, intra * GB)
 
 
-@with_noise_doc
+@leaf_generator(
+    "h100-multileaf", gpu="h100", nics_per_node=8, nic_gbytes_per_s=40.0, noise_sigma=0.025
+)
 def h100_multileaf(
     rng: np.random.Generator,
+    common: Common,
     *,
-    nodes: int,
-    gpus_per_node: int = 8,
-    gpu: str = "h100",
-    nics_per_node: int = 8,
-    nic_gbytes_per_s: float = 40.0,
     leaf_pair_gbytes_per_s: float = 46.0,
     intra_node_gbytes_per_s: float = 367.0,
     mean_leaf_size: float = 8.0,
     leaf_concentration: float = 1.0,
     cross_leaf_factor: float = 0.93,
     dense_cross_leaf_factor: float = 0.77,
-    noise_sigma: float = 0.025,
-    direction_sigma: float = 0.035,
-    persistent_share: float = 0.55,
-    asymmetry_clip: float = 0.15,
-    asymmetry_outlier: float = 0.31,
 ) -> Fabric:
     """G2: an H100 cluster on an NDR fabric with several leaves of uneven size.
 
@@ -162,11 +145,11 @@ def h100_multileaf(
     nics_per_node : int
         NDR NICs per server; not stated upstream, 8 (one per GPU) is assumed.
     nic_gbytes_per_s : float
-        What one NIC delivers per GPU under load, GB/s: 40 (DESIGN.md section 5;
+        What one NIC delivers per GPU under load, GB/s: 40 (docs/design.md, section 5;
         example-cluster01 pairwise ``sendrecv_perf`` at G=1: median 39.9 GB/s).
     leaf_pair_gbytes_per_s : float
         Point-to-point GPU pair bandwidth between two nodes of one leaf, GB/s: 46
-        (DESIGN.md; example-cluster01 ``sendrecv_perf`` at G=8: 45.8-46.3 GB/s).
+        (docs/design.md; example-cluster01 ``sendrecv_perf`` at G=8: 45.8-46.3 GB/s).
     intra_node_gbytes_per_s : float
         NVSwitch pair bandwidth, GB/s: 367 (example-cluster01 single-node
         ``sendrecv_perf`` at G=8, median peak bus bandwidth of 10 nodes 367.2).
@@ -176,10 +159,10 @@ def h100_multileaf(
         Dirichlet concentration of the leaf sizes; small = very uneven (the real
         10-node cluster has leaves of 7, 2 and 1 nodes).
     cross_leaf_factor : float
-        Point-to-point bandwidth across leaves relative to within (DESIGN.md: 0.93;
+        Point-to-point bandwidth across leaves relative to within (docs/design.md: 0.93;
         example-cluster01 at G=8: 42-43 vs 46 GB/s).
     dense_cross_leaf_factor : float
-        The same factor when all GPUs of both nodes send at once (DESIGN.md: 0.77).
+        The same factor when all GPUs of both nodes send at once (docs/design.md: 0.77).
         Not in the matrix (which is point-to-point): recorded in ``source`` for the
         cost model's NIC-sharing term.
     {noise}
@@ -196,29 +179,20 @@ def h100_multileaf(
     noise is the direction part.  The leaf structure alone puts the healthy CV of
     the whole cluster near 4 % (example-cluster01: 4.1 %), so G2's target is <= 5 %.
     """
-    kind = "h100-multileaf"
-    _common(kind, nodes, gpus_per_node, nics_per_node, nic_gbytes_per_s)
-    pair = number(f"{kind}.leaf_pair_gbytes_per_s", leaf_pair_gbytes_per_s, 0.0, 1e4, open_low=True)
-    intra = number(
-        f"{kind}.intra_node_gbytes_per_s", intra_node_gbytes_per_s, 0.0, 1e4, open_low=True
-    )
+    kind = common.kind
+    pair = bandwidth(f"{kind}.leaf_pair_gbytes_per_s", leaf_pair_gbytes_per_s)
+    intra = bandwidth(f"{kind}.intra_node_gbytes_per_s", intra_node_gbytes_per_s)
     mean = number(f"{kind}.mean_leaf_size", mean_leaf_size, 1.0, 1e6)
     conc = number(f"{kind}.leaf_concentration", leaf_concentration, 0.0, 1e3, open_low=True)
-    cross = number(f"{kind}.cross_leaf_factor", cross_leaf_factor, 0.0, 1.0, open_low=True)
-    number(f"{kind}.dense_cross_leaf_factor", dense_cross_leaf_factor, 0.0, 1.0, open_low=True)
-    groups = uneven_groups(rng, nodes, mean, conc)
+    cross = factor(f"{kind}.cross_leaf_factor", cross_leaf_factor)
+    factor(f"{kind}.dense_cross_leaf_factor", dense_cross_leaf_factor)
     return leaf_fabric(
         rng,
-        kind=kind,
-        groups=groups,
+        common,
+        groups=uneven_groups(rng, common.nodes, mean, conc),
         level_bytes_per_s=pair * GB,
         cross_group_factor=cross,
-        gpu=gpu_type(f"{kind}.gpu", gpu),
-        gpus_per_node=gpus_per_node,
         intra_node=intra * GB,
-        nics_per_node=nics_per_node,
-        nic_gbytes_per_s=nic_gbytes_per_s,
-        noise_params=locals(),
     )
 
 
@@ -234,25 +208,16 @@ def dgx1_intra_node(two_links: float, one_link: float, pcie: float) -> np.ndarra
     return matrix
 
 
-@with_noise_doc
+@leaf_generator("v100-cube", gpu="v100", nics_per_node=4, nic_gbytes_per_s=9.4)
 def v100_cube(
     rng: np.random.Generator,
+    common: Common,
     *,
-    nodes: int,
-    gpus_per_node: int = 8,
-    gpu: str = "v100",
-    nics_per_node: int = 4,
-    nic_gbytes_per_s: float = 9.4,
     two_link_gbytes_per_s: float = 45.0,
     one_link_gbytes_per_s: float = 22.5,
     pcie_gbytes_per_s: float = 10.0,
     leaf_size: int = 18,
     cross_leaf_factor: float = 0.95,
-    noise_sigma: float = 0.026,
-    direction_sigma: float = 0.035,
-    persistent_share: float = 0.55,
-    asymmetry_clip: float = 0.15,
-    asymmetry_outlier: float = 0.31,
 ) -> Fabric:
     """G5: V100 DGX-1 servers (hybrid cube-mesh NVLink) on EDR InfiniBand.
 
@@ -272,17 +237,17 @@ def v100_cube(
     nics_per_node : int
         EDR NICs per DGX-1: 4 (DGX-1 whitepaper: four 100 Gb/s InfiniBand EDR ports).
     nic_gbytes_per_s : float
-        Inter-node GPU pair bandwidth over EDR, GB/s: 9.4 (DESIGN.md section 5;
+        Inter-node GPU pair bandwidth over EDR, GB/s: 9.4 (docs/design.md, section 5;
         EDR line rate 12.5 GB/s).
     two_link_gbytes_per_s, one_link_gbytes_per_s, pcie_gbytes_per_s : float
         Intra-node pair bandwidth for GPUs joined by 2 NVLinks, 1 NVLink, or only
-        PCIe/QPI, GB/s: 45 / 22.5 / 10 (DESIGN.md section 5; NVLink 2 is 25 GB/s
+        PCIe/QPI, GB/s: 45 / 22.5 / 10 (docs/design.md, section 5; NVLink 2 is 25 GB/s
         per link and direction, DGX-1 whitepaper).
     leaf_size : int
         Nodes per EDR leaf switch: 18 (a 36-port switch with half its ports down;
         an assumption, the sources give no leaf size).
     cross_leaf_factor : float
-        Across leaves vs within a leaf: 0.95, assumed equal to G1 (DESIGN.md).
+        Across leaves vs within a leaf: 0.95, assumed equal to G1 (docs/design.md).
     {noise}
 
     Returns
@@ -290,32 +255,17 @@ def v100_cube(
     Fabric
         The intra-node matrix is the 8 x 8 :func:`dgx1_intra_node` (no noise).
     """
-    kind = "v100-cube"
-    _common(kind, nodes, gpus_per_node, nics_per_node, nic_gbytes_per_s)
-    if gpus_per_node != 8:
+    kind, gpus = common.kind, common.gpus_per_node
+    if gpus != 8:
         raise SpecError(
-            "gpus_per_node", gpus_per_node, f"must be 8 for {kind} (the DGX-1 cube mesh has 8 GPUs)"
+            "gpus_per_node", gpus, f"must be 8 for {kind} (the DGX-1 cube mesh has 8 GPUs)"
         )
     values = [
-        number(f"{kind}.{name}", value, 0.0, 1e4, open_low=True)
+        bandwidth(f"{kind}.{name}", value) * GB
         for name, value in (
             ("two_link_gbytes_per_s", two_link_gbytes_per_s),
             ("one_link_gbytes_per_s", one_link_gbytes_per_s),
             ("pcie_gbytes_per_s", pcie_gbytes_per_s),
         )
     ]
-    leaf = integer(f"{kind}.leaf_size", leaf_size, 1)
-    cross = number(f"{kind}.cross_leaf_factor", cross_leaf_factor, 0.0, 1.0, open_low=True)
-    return leaf_fabric(
-        rng,
-        kind=kind,
-        groups=filled_groups(nodes, leaf),
-        level_bytes_per_s=nic_gbytes_per_s * GB,
-        cross_group_factor=cross,
-        gpu=gpu_type(f"{kind}.gpu", gpu),
-        gpus_per_node=gpus_per_node,
-        intra_node=dgx1_intra_node(*(v * GB for v in values)),
-        nics_per_node=nics_per_node,
-        nic_gbytes_per_s=nic_gbytes_per_s,
-        noise_params=locals(),
-    )
+    return filled_leaves(rng, common, leaf_size, cross_leaf_factor, dgx1_intra_node(*values))

@@ -5,7 +5,7 @@ bytes/s), so that multiplicative effects (a cross-leaf factor, a degraded pair,
 lognormal noise) simply add.  All randomness comes from the ``numpy.random.Generator``
 passed in; nothing here seeds anything.
 
-Noise model (DESIGN.md section 5, from the real-cluster statistics it lists):
+Noise model (docs/design.md, section 5, from the real-cluster statistics it lists):
 
 - a healthy ordered pair (i, j) deviates from its switch-group level by
   ``sym[i, j] + a[i, j] / 2`` where ``sym`` is symmetric (the pair's link quality,
@@ -13,7 +13,7 @@ Noise model (DESIGN.md section 5, from the real-cluster statistics it lists):
 - both parts are a mix ``sqrt(rho) * persistent + sqrt(1 - rho) * per-snapshot`` of
   standard normals, so two snapshots of the same cluster correlate with ``rho``;
 - ``a`` is soft-clipped with ``clip * tanh(x / clip)`` so that the relative
-  direction asymmetry ``|B_ij - B_ji| / mean`` never exceeds ``clip`` (DESIGN.md: max
+  direction asymmetry ``|B_ij - B_ji| / mean`` never exceeds ``clip`` (docs/design.md: max
   15 % in a 16-node A100 cluster); one outlier pair may be set apart (31 %).
 """
 
@@ -92,7 +92,7 @@ def direction_scale(direction_sigma: float, clip: float) -> tuple[float, float]:
     ``direction_sigma`` is the standard deviation of each direction's independent
     log-deviation; two such directions differ by ``sqrt(2) * direction_sigma``, so
     their mean relative asymmetry is ``2 direction_sigma / sqrt(pi)`` (1.13 x; 4.0 %
-    for DESIGN.md's 0.035).  ``s`` is solved so that the *clipped* noise keeps that
+    for docs/design.md's 0.035).  ``s`` is solved so that the *clipped* noise keeps that
     mean.  Returns ``(s, v)`` with ``v`` the variance that ``a / 2`` adds to each
     entry's log (about ``direction_sigma**2 / 2``).
     """

@@ -2,14 +2,16 @@
 
 Checks raise :class:`~pipette_cp.errors.SpecError` with the field named
 ``<kind>.<parameter>`` and the allowed range, e.g.
-``oversubscribed.oversubscription=5: must be one of 2.8, 7, 15 (DESIGN.md section 5)``.
+``oversubscribed.oversubscription=5: must be one of 2.8, 7, 15``.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from numbers import Real
 from typing import Any
 
@@ -21,36 +23,38 @@ from pipette_cp.errors import SpecError
 from pipette_cp.specs.gpu import GpuSpec, resolve_gpu
 from pipette_cp.units import GB
 
-#: Docstring of the noise parameters every generator takes (numbers: DESIGN.md section 5).
+#: Docstring of the noise parameters every generator takes (numbers: docs/design.md, section 5).
 NOISE_DOC = """
     noise_sigma : float
         Lognormal standard deviation of a healthy pair around its switch-group level,
         direction part (0.024) included: about the healthy CV within one leaf.
-        DESIGN.md section 5 gives "sigma ~0.03" and healthy CVs of 0.2-4 % (xxrjun
+        docs/design.md, section 5 gives "sigma ~0.03" and healthy CVs of 0.2-4 % (xxrjun
         H100 clusters: 0.5 % and, leaf structure included, 4.1 %); 0.026 keeps a
         cluster of two leaves at 0.95 x under 4 % (about 3.7 %).
     direction_sigma : float
         Standard deviation of each direction's own log-deviation; the mean relative
-        asymmetry is ``2 direction_sigma / sqrt(pi)`` = 4.0 % for DESIGN.md's 0.035.
+        asymmetry is ``2 direction_sigma / sqrt(pi)`` = 4.0 % for docs/design.md's 0.035.
     persistent_share : float
         Share of the noise variance that persists between snapshots: the pair
-        correlation of two snapshots of one leaf (DESIGN.md: ~0.55); leaf structure
+        correlation of two snapshots of one leaf (docs/design.md: ~0.55); leaf structure
         and the outlier pair, which persist, raise it.
     asymmetry_clip : float
-        Cap on any pair's relative direction asymmetry (DESIGN.md: max 15 %).
+        Cap on any pair's relative direction asymmetry (docs/design.md: max 15 %).
     asymmetry_outlier : float
         Asymmetry of one random outlier pair in clusters of 8 or more nodes
-        (DESIGN.md: 31 % on one pair); 0 for none."""
+        (docs/design.md: 31 % on one pair); 0 for none."""
+
+#: Defaults of the noise parameters of :data:`NOISE_DOC` (a generator may override some).
+NOISE_DEFAULTS: dict[str, float] = {
+    "noise_sigma": 0.026,
+    "direction_sigma": 0.035,
+    "persistent_share": 0.55,
+    "asymmetry_clip": 0.15,
+    "asymmetry_outlier": 0.31,
+}
 
 #: Clusters smaller than this get no asymmetry outlier pair.
 OUTLIER_MIN_NODES = 8
-
-
-def with_noise_doc(func: Any) -> Any:
-    """Decorator: substitute ``{noise}`` in a generator's docstring with :data:`NOISE_DOC`."""
-    if func.__doc__:
-        func.__doc__ = func.__doc__.replace("    {noise}", NOISE_DOC.strip("\n"))
-    return func
 
 
 # ------------------------------------------------------------------ checks
@@ -64,6 +68,16 @@ def number(field: str, value: Any, low: float, high: float, *, open_low: bool = 
         left = "(" if open_low else "["
         raise SpecError(field, value, f"must be in {left}{low:g}, {high:g}]")
     return float(value)
+
+
+def bandwidth(field: str, value: Any) -> float:
+    """``value`` as a bandwidth in GB/s, in ``(0, 1e4]``."""
+    return number(field, value, 0.0, 1e4, open_low=True)
+
+
+def factor(field: str, value: Any) -> float:
+    """``value`` as a bandwidth factor or share, in ``(0, 1]``."""
+    return number(field, value, 0.0, 1.0, open_low=True)
 
 
 def integer(field: str, value: Any, low: int, why: str = "") -> int:
@@ -95,7 +109,7 @@ def gpu_type(field: str, value: Any) -> GpuSpec:
 def noise_model(kind: str, params: dict[str, Any]) -> Noise:
     """Check the noise parameters of ``kind`` and build the :class:`Noise`."""
     direction = number(f"{kind}.direction_sigma", params["direction_sigma"], 0.0, 0.06)
-    clip = number(f"{kind}.asymmetry_clip", params["asymmetry_clip"], 0.0, 1.0, open_low=True)
+    clip = factor(f"{kind}.asymmetry_clip", params["asymmetry_clip"])
     if 2.0 * direction / math.sqrt(math.pi) >= 0.95 * clip:
         raise SpecError(
             f"{kind}.asymmetry_clip",
@@ -150,33 +164,111 @@ def call_builder(
     return builder(rng, nodes=nodes, **params)
 
 
+# ------------------------------------------------------------------ leaf generators
+@dataclass(frozen=True)
+class Common:
+    """The parameters every leaf-structured generator (G1, G2, G4, G5) takes, as given.
+
+    :func:`leaf_generator` checks all but ``gpu`` (resolved by :func:`leaf_fabric`, after
+    the generator's own checks) and ``noise`` (checked by :func:`leaf_fabric` too).
+    """
+
+    kind: str
+    nodes: int
+    gpus_per_node: int
+    gpu: str
+    nics_per_node: int
+    nic_gbytes_per_s: float
+    noise: dict[str, Any]
+
+
+def _keyword(
+    name: str, annotation: str, default: Any = inspect.Parameter.empty
+) -> inspect.Parameter:
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+    )
+
+
+def leaf_generator(
+    kind: str, *, gpu: str, nics_per_node: int, nic_gbytes_per_s: float, **noise: float
+) -> Callable[[Callable[..., Fabric]], Callable[..., Fabric]]:
+    """Decorator of a leaf-structured generator ``func(rng, common, *, own parameters)``.
+
+    The generator it makes takes ``rng`` and, keyword-only, ``nodes``,
+    ``gpus_per_node`` (default 8), ``gpu``, ``nics_per_node`` and ``nic_gbytes_per_s``
+    (defaults given here), ``func``'s own parameters, then the noise parameters
+    (:data:`NOISE_DEFAULTS`, ``noise`` overriding some); its signature lists them all
+    (:func:`parameters_of` reads it).  It checks ``nodes >= 2``, ``gpus_per_node >= 1``,
+    ``nics_per_node >= 1`` and ``nic_gbytes_per_s`` in (0, 1e4], then calls ``func``
+    with the common ones as a :class:`Common`.  ``{noise}`` in ``func``'s docstring
+    becomes :data:`NOISE_DOC`.
+    """
+    unknown = set(noise) - set(NOISE_DEFAULTS)
+    assert not unknown, f"not noise parameters: {sorted(unknown)}"
+    noise_defaults = {**NOISE_DEFAULTS, **noise}
+
+    def wrap(func: Callable[..., Fabric]) -> Callable[..., Fabric]:
+        signature = inspect.signature(func)
+        rng, _, *own = signature.parameters.values()
+        head = [
+            _keyword("nodes", "int"),
+            _keyword("gpus_per_node", "int", 8),
+            _keyword("gpu", "str", gpu),
+            _keyword("nics_per_node", "int", nics_per_node),
+            _keyword("nic_gbytes_per_s", "float", nic_gbytes_per_s),
+        ]
+        tail = [_keyword(name, "float", value) for name, value in noise_defaults.items()]
+        public = signature.replace(parameters=[rng, *head, *own, *tail])
+
+        @functools.wraps(func)
+        def generator(*args: Any, **kwargs: Any) -> Fabric:
+            bound = public.bind(*args, **kwargs)
+            bound.apply_defaults()
+            values = dict(bound.arguments)
+            common = Common(
+                kind=kind,
+                **{p.name: values.pop(p.name) for p in head},
+                noise={name: values.pop(name) for name in noise_defaults},
+            )
+            integer("nodes", common.nodes, 2, f"for {kind} (a bandwidth matrix needs two nodes)")
+            integer("gpus_per_node", common.gpus_per_node, 1)
+            integer(f"{kind}.nics_per_node", common.nics_per_node, 1)
+            bandwidth(f"{kind}.nic_gbytes_per_s", common.nic_gbytes_per_s)
+            return func(values.pop(rng.name), common, **values)
+
+        generator.__signature__ = public  # type: ignore[attr-defined]
+        if func.__doc__:
+            generator.__doc__ = func.__doc__.replace("    {noise}", NOISE_DOC.strip("\n"))
+        return generator
+
+    return wrap
+
+
 # ------------------------------------------------------------------ base fabric
 def leaf_fabric(
     rng: np.random.Generator,
+    common: Common,
     *,
-    kind: str,
     groups: np.ndarray,
     level_bytes_per_s: float,
     cross_group_factor: float,
-    gpu: GpuSpec,
-    gpus_per_node: int,
     intra_node: float | np.ndarray,
-    nics_per_node: int,
-    nic_gbytes_per_s: float,
-    noise_params: dict[str, Any],
 ) -> Fabric:
     """A healthy fabric: ``level`` inside a group, ``x cross_group_factor`` across, plus noise.
 
-    Draw order: persistent symmetric noise, persistent direction normals, outlier pair.
+    Checks ``common.gpu`` and the noise parameters first.  Draw order: persistent
+    symmetric noise, persistent direction normals, outlier pair.
     """
+    gpu = gpu_type(f"{common.kind}.gpu", common.gpu)
     nodes = groups.size
-    noise = noise_model(kind, noise_params)
+    noise = noise_model(common.kind, common.noise)
     symmetric, direction = persistent_noise(rng, nodes, noise)
     log_level = math.log(level_bytes_per_s) + group_log_factor(groups, cross_group_factor)
     log_level = log_level + symmetric
     np.fill_diagonal(log_level, 0.0)
     outlier = None
-    asym = float(noise_params["asymmetry_outlier"])
+    asym = float(common.noise["asymmetry_outlier"])
     if asym > 0.0 and nodes >= OUTLIER_MIN_NODES:
         rows, cols = upper_pairs(nodes)
         pick = int(rng.integers(rows.size))
@@ -185,10 +277,10 @@ def leaf_fabric(
     return Fabric(
         label="",
         gpu=gpu,
-        gpus_per_node=gpus_per_node,
+        gpus_per_node=common.gpus_per_node,
         intra_node=intra_node,
-        nics_per_node=nics_per_node,
-        nic_bandwidth_bytes_per_s=nic_gbytes_per_s * GB,
+        nics_per_node=common.nics_per_node,
+        nic_bandwidth_bytes_per_s=common.nic_gbytes_per_s * GB,
         groups=np.asarray(groups, dtype=np.int64),
         log_level=log_level,
         failed=np.zeros((nodes, nodes), dtype=bool),

@@ -7,7 +7,7 @@ are defined here because the targets need them:
   class (same switch group / across groups), i.e. the pair noise without the
   leaf structure (stats' ``healthy_cv`` mixes the two levels);
 - ``asymmetry_second_max``: the largest direction asymmetry once the single
-  largest pair is set aside (DESIGN.md: max 15 %, one pair at 31 %);
+  largest pair is set aside (docs/design.md: max 15 %, one pair at 31 %);
 - ``cross_group_ratio_all``: median cross-group / median same-group over all live
   pairs, with no degraded cut (a G4 cross-pod pair may sit below 0.8 x the median,
   where stats' ratio would drop it).

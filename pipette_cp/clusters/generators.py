@@ -1,4 +1,4 @@
-"""Seeded synthetic clusters G1-G6 of DESIGN.md section 5, by name.
+"""Seeded synthetic clusters G1-G6 of docs/design.md, section 5, by name.
 
 >>> from pipette_cp.clusters.generators import generate
 >>> cluster = generate("degraded", nodes=16, seed=7)
@@ -39,7 +39,7 @@ from pipette_cp.clusters.gen_targets import Range, Targets, measure, measure_tim
 from pipette_cp.errors import SpecError
 from pipette_cp.specs.cluster import MAX_GPUS, ClusterSpec
 
-_DESIGN = "DESIGN.md section 5"
+_DESIGN = "docs/design.md, section 5"
 _XX00 = (
     "xxrjun/nccl-tests-cluster@455de4f example-cluster00 "
     "(17 x 8 H100, pairwise sendrecv/alltoall; degraded and failed pairs)"
@@ -53,7 +53,7 @@ _SUPERBENCH = (
     "baseline.json (per-NIC ib_write, 8-GPU all-reduce busbw)"
 )
 _DGX1 = "NVIDIA DGX-1 with Tesla V100 System Architecture whitepaper (2017): hybrid cube-mesh"
-_PIPETTE = "Pipette (DATE 2024) mpiGraph snapshots of a 16-node A100 cluster (via DESIGN.md)"
+_PIPETTE = "Pipette (DATE 2024) mpiGraph snapshots of a 16-node A100 cluster (via docs/design.md)"
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class GeneratorInfo:
     def targets(self, **params: Any) -> Targets:
         """Target ranges for a cluster generated with ``params``.
 
-        The ranges are DESIGN.md's for the default parameters; those set by a
+        The ranges are docs/design.md's for the default parameters; those set by a
         parameter (a cross-leaf factor, G4's ``min(1, 1/(o u))``, G6's
         ``correlation``) follow it.
         """
@@ -112,7 +112,7 @@ def _around(params: Mapping[str, Any], name: str, default: float) -> Range:
 def _targets_g1(params: Mapping[str, Any]) -> Targets:
     return Targets(
         cross_group_ratio=_around(params, "cross_leaf_factor", 0.95),
-        notes="cross-leaf ~0.95 (DESIGN.md)",
+        notes="cross-leaf ~0.95 (docs/design.md)",
     )
 
 
@@ -133,7 +133,7 @@ def _targets_g3(params: Mapping[str, Any]) -> Targets:
         degraded_fraction=(0.05, 0.15),
         degraded_ratio=(0.55, 0.70),
         failed_fraction=(0.02, 0.06),
-        notes="degraded 5-15 % at 0.55-0.70 x, ~4 % failed (DESIGN.md)",
+        notes="degraded 5-15 % at 0.55-0.70 x, ~4 % failed (docs/design.md)",
     )
 
 
@@ -145,7 +145,7 @@ def _targets_g4(params: Mapping[str, Any]) -> Targets:
         healthy_cv=None,
         degraded_fraction=None,
         cross_group_ratio_all=(0.97 * factor, 1.03 * factor),
-        notes=f"cross-pod ratio min(1, 1/(o u)) = {factor:.3f} (DESIGN.md), within 3 %",
+        notes=f"cross-pod ratio min(1, 1/(o u)) = {factor:.3f} (docs/design.md), within 3 %",
     )
 
 
@@ -158,13 +158,13 @@ def _targets_g6(params: Mapping[str, Any]) -> Targets:
         degraded_fraction=(0.0, 0.15),
         snapshot_correlation=(rho - 0.15, rho + 0.15),
         min_nodes=32,
-        notes="mean consecutive-snapshot correlation ~0.55 (DESIGN.md); transient "
+        notes="mean consecutive-snapshot correlation ~0.55 (docs/design.md); transient "
         "slow-link events count as degraded pairs; below 32 nodes the few events make "
         "the mean of a 12-snapshot timeline range 0.3-0.65",
     )
 
 
-#: The generators by kind (DESIGN.md section 5).
+#: The generators by kind (docs/design.md, section 5).
 GENERATORS: dict[str, GeneratorInfo] = {
     info.kind: info
     for info in (

@@ -1,4 +1,4 @@
-"""Statistics of a bandwidth matrix, as used in ../shared/DESIGN.md section 5.
+"""Statistics of a bandwidth matrix, as used in docs/design.md, section 5.
 
 All statistics work on the *node-pair* matrix (inter-node links only): the
 real measurements are per node pair, and so are the targets the generators
@@ -101,7 +101,7 @@ def _group_ratio(matrix: np.ndarray, groups: tuple[int, ...] | None, median: flo
 
 def snapshot_correlation(first: np.ndarray, second: np.ndarray) -> float:
     """Pearson correlation of the per-pair log-deviations from the median between two
-    snapshots of the same cluster, over pairs alive in both (DESIGN.md: about 0.55)."""
+    snapshots of the same cluster, over pairs alive in both (docs/design.md: about 0.55)."""
     a, b = off_diagonal(first), off_diagonal(second)
     alive = (a > 0) & (b > 0)
     la, lb = np.log(a[alive]), np.log(b[alive])

@@ -8,7 +8,7 @@ which rows of ``instances/calibration/published_runs_calibration.csv`` and by
 which command it was obtained; re-run that command after changing a model and
 paste its output here.
 
-The fitting code itself lives in :mod:`pipette_cp.benchmarks.accuracy` (it needs
+The fitting code itself lives in :mod:`pipette_cp.experiments.accuracy` (it needs
 the end-to-end evaluator, which sits above the cost models); this module only
 holds the result, so the cost models stay pure and import nothing above specs.
 """
@@ -25,7 +25,7 @@ from pipette_cp.specs.gpu import GpuSpec
 from pipette_cp.units import TFLOPS, GiB
 
 #: Command that re-fits the compute and memory parameters and prints this table.
-FIT_COMMAND = "python -m pipette_cp.benchmarks.accuracy --fit"
+FIT_COMMAND = "python -m pipette_cp.experiments.accuracy --fit"
 
 
 @dataclass(frozen=True)
@@ -82,28 +82,26 @@ _GRID = (
     "{0, 1e9, 3e9, 1e10, 3e10, 1e11}) minimising MAPE + 0.25 x worst error"
 )
 
+#: What was fitted per GPU family: ``(num_sms, gemm_efficiency_max,
+#: gemm_half_saturation_flops, flash_attention_efficiency, rows fitted on)``.
+_FITTED = {
+    "A100": (108, 0.72, 3e10, _FLASH_EFF_A100, _A100_ROWS),
+    "H100": (132, 0.675, 3e10, _FLASH_EFF_H100, _H100_ROWS),
+}
+
 #: Compute calibration per GPU family (matched on the GpuSpec name).
 GPU_CALIBRATION: dict[str, GpuCalibration] = {
-    "A100": GpuCalibration(
-        gpu_family="A100",
-        num_sms=108,
-        gemm_efficiency_max=0.72,
-        gemm_half_saturation_flops=3e10,
+    family: GpuCalibration(
+        gpu_family=family,
+        num_sms=num_sms,
+        gemm_efficiency_max=eta_max,
+        gemm_half_saturation_flops=half,
         hbm_efficiency=_HBM_EFFICIENCY,
-        flash_attention_efficiency=_FLASH_EFF_A100,
+        flash_attention_efficiency=flash,
         fitted=True,
-        provenance=f"fitted on {_A100_ROWS}: {_GRID}; `{FIT_COMMAND}`",
-    ),
-    "H100": GpuCalibration(
-        gpu_family="H100",
-        num_sms=132,
-        gemm_efficiency_max=0.675,
-        gemm_half_saturation_flops=3e10,
-        hbm_efficiency=_HBM_EFFICIENCY,
-        flash_attention_efficiency=_FLASH_EFF_H100,
-        fitted=True,
-        provenance=f"fitted on {_H100_ROWS}: {_GRID}; `{FIT_COMMAND}`",
-    ),
+        provenance=f"fitted on {rows}: {_GRID}; `{FIT_COMMAND}`",
+    )
+    for family, (num_sms, eta_max, half, flash, rows) in _FITTED.items()
 }
 
 #: GPU families without calibration rows borrow a conservative default: the

@@ -4,7 +4,7 @@ Every function here takes a :class:`Fabric` (the per-cluster arrays, built
 once by :meth:`Fabric.from_cluster`) and integer numpy arrays of GPU ids, so
 that evaluating thousands of placements is a handful of numpy gathers each.
 
-Model (DESIGN.md section 3, "Communication over a measured matrix"):
+Model (docs/design.md, section 3, "Communication over a measured matrix"):
 
 - one flow i -> j of ``n`` bytes takes ``latency(i, j) + n / bw`` where
   ``bw = B[i, j]``, the measured point-to-point bandwidth;
@@ -169,7 +169,7 @@ def shared_nic_flows(
     k_out = np.bincount(out_key[cross], minlength=size)
     k_in = np.bincount(in_key[cross], minlength=size)
     # NIC share per flow: cap / k, k = concurrent inter-node flows at that end
-    # (DESIGN.md section 3); flows inside a node keep B[i, j]
+    # (docs/design.md, section 3); flows inside a node keep B[i, j]
     k = np.maximum(k_out[out_key], k_in[in_key])
     share = fabric.nic_capacity_bytes_per_s / np.maximum(k, 1)
     return np.where(cross, np.minimum(bw, share), bw), latency
@@ -187,10 +187,10 @@ def flow_bandwidths(
     Flows between GPUs of one node get ``B[i, j]``.  Inter-node flows share
     their nodes' NICs: with ``k_out`` flows leaving the source node and
     ``k_in`` entering the destination node at once, each gets
-    ``min(B[i, j], cap / k_out, cap / k_in)`` (DESIGN.md section 3: "When
-    several GPUs of a node send across nodes at once they share that node's
-    NICs").  ``group`` (optional, one id per flow) splits the flows into sets
-    that do *not* overlap in time: only flows of one group share NICs.
+    ``min(B[i, j], cap / k_out, cap / k_in)`` (docs/design.md, section 3:
+    concurrent inter-node flows of a node share its NICs).  ``group``
+    (optional, one id per flow) splits the flows into sets that do *not*
+    overlap in time: only flows of one group share NICs.
     Raises :class:`InfeasibleError` naming ``what`` on a failed pair.
     """
     return concurrent_flows(fabric, src, dst, group, what)[0]
@@ -210,7 +210,7 @@ def p2p_times_s(
     (``nbytes`` and ``group`` broadcast against the flows).
     """
     bw, latency = concurrent_flows(fabric, src, dst, group, what)
-    # point-to-point: latency + bytes / bandwidth (DESIGN.md section 3)
+    # point-to-point: latency + bytes / bandwidth (docs/design.md, section 3)
     return latency + np.ravel(nbytes) / bw
 
 
@@ -269,7 +269,7 @@ def ring_time_from_links(
         return np.zeros(k)
     factor = _RING_FACTOR[collective] * (n - 1)
     # ring collective: factor (n-1)/n * bytes / slowest link + one latency per step
-    # (Patarasuk & Yuan 2009; DESIGN.md section 3)
+    # (Patarasuk & Yuan 2009; docs/design.md, section 3)
     return factor / n * np.asarray(nbytes, dtype=float) / bandwidth.min(axis=1) + factor * (
         latency.max(axis=1)
     )
@@ -323,8 +323,8 @@ def hierarchical_times_s(
     every node, else the result is ``inf``: not applicable).  All-reduce =
     intra-node reduce-scatter of ``nbytes`` + ``L`` concurrent inter-node ring
     all-reduces of ``nbytes / L`` (one per local index) + intra-node
-    all-gather of ``nbytes`` (DESIGN.md section 3: "hierarchical (intra-node
-    first, then across nodes with bytes / local group size)").  Reduce-scatter
+    all-gather of ``nbytes`` (docs/design.md, section 3: intra-node first, then
+    across nodes on bytes / local group size).  Reduce-scatter
     keeps the first two phases, all-gather the last two.  The inter-node rings
     of every group run at once and share NICs.
     """
@@ -338,7 +338,7 @@ def hierarchical_times_s(
     if size.shape != (k,):
         size = np.broadcast_to(size, (k,))
     # intra-node phase: no NIC on the path; reduce-scatter + all-gather take
-    # exactly a ring all-reduce's time (DESIGN.md section 3)
+    # exactly a ring all-reduce's time (docs/design.md, section 3)
     nxt = np.concatenate((blocks[:, :, 1:], blocks[:, :, :1]), axis=2)
     intra_bw = fabric.bandwidth[blocks, nxt]
     if local > 1 and not intra_bw.all():

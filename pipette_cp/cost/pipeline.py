@@ -21,7 +21,7 @@ and no communication this is the textbook ``(m + p - 1)(f + b)`` for 1F1B and
 ``(m v + p - 1)(f + b) / v`` for the interleaved schedule (Narayanan et al.,
 SC'21, section 2.2); GPipe is solved exactly as a flow shop.
 
-**Hidden critical path** (DESIGN.md section 2).  Plain 1F1B uses blocking
+**Hidden critical path** (docs/design.md, section 2).  Plain 1F1B uses blocking
 ``batch_isend_irecv``: a rank sends and then waits until its neighbour has
 received.  In the steady state every middle stage therefore makes two
 blocking exchanges per micro-batch (``send_forward_recv_backward`` with

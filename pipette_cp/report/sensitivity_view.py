@@ -89,6 +89,17 @@ def _impact_cells(impact: Impact) -> list[str]:
     return [f"+{impact.increase_s:.3g}", f"+{impact.increase_pct:.2f} %", impact.cause or "-"]
 
 
+def _table(title: str) -> Table:
+    """An empty table in the style of the links and nodes tables."""
+    return Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        collapse_padding=True,
+        pad_edge=False,
+    )
+
+
 def sensitivity_tables(report: SensitivityReport) -> Group:
     """Top links, top nodes, what the plan does not depend on, the headroom and the summary."""
     base = report.base.iteration_time_s
@@ -98,13 +109,7 @@ def sensitivity_tables(report: SensitivityReport) -> Group:
         style="bold",
     )
     unit = "GPU pairs" if report.granularity == "gpu" else "node pairs"
-    links = Table(
-        title=f"Links (top {len(report.links)} of {report.num_links} communicating {unit})",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        collapse_padding=True,
-        pad_edge=False,
-    )
+    links = _table(f"Links (top {len(report.links)} of {report.num_links} communicating {unit})")
     ends = ("GPU a", "GPU b") if report.granularity == "gpu" else ("node a", "node b")
     for name in (*ends, "GB/s", "traffic", "+s", "+%", "cause"):
         justify = "right" if name[0] == "+" else "left"
@@ -116,13 +121,7 @@ def sensitivity_tables(report: SensitivityReport) -> Group:
             ",".join(link.traffic),
             *_impact_cells(link.impact),
         )
-    nodes = Table(
-        title=f"Nodes (top {len(report.nodes)} of the {report.num_nodes} the plan uses)",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        collapse_padding=True,
-        pad_edge=False,
-    )
+    nodes = _table(f"Nodes (top {len(report.nodes)} of the {report.num_nodes} the plan uses)")
     nodes.add_column("node")
     for part in ("NIC", "NVLink"):
         nodes.add_column(f"{part} +s", justify="right")

@@ -351,7 +351,7 @@ def _rerank(evaluator: Evaluator, plans: list[Plan], top_k: int, notify: Progres
     even split on the best plan's placement.
 
     The solvers minimise the analytic critical path, which flatters unequal chunks
-    under interleaving (DESIGN.md; 8.9 % in the agreement benchmark); the simulator,
+    under interleaving (docs/design.md; 8.9 % in the agreement benchmark); the simulator,
     which plays the schedule, has the last word."""
     by_layout: dict[str, list[Plan]] = {}
     for plan in sorted(plans, key=_time_then_exact):

@@ -1,4 +1,4 @@
-"""Robust planning over bandwidth snapshots of one cluster (issue 7, DESIGN.md section 5, G6).
+"""Robust planning over bandwidth snapshots of one cluster (docs/design.md, section 5, G6).
 
 A measured bandwidth matrix is a snapshot: about half of the pair-to-pair variation
 changes between measurements and slow links come and go, so a plan tuned to one

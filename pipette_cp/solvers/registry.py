@@ -11,7 +11,6 @@ from pipette_cp.solvers.baselines.megatron_default import megatron_default
 from pipette_cp.solvers.baselines.pipette_sa import pipette_sa
 from pipette_cp.solvers.baselines.random_method import random_method
 from pipette_cp.solvers.options import Method
-from pipette_cp.solvers.split import split_cpsat, split_milp
 
 #: The methods by name (``split-*``: the split alone, on the skeleton's placement).
 METHODS: dict[str, Method] = {
@@ -22,8 +21,8 @@ METHODS: dict[str, Method] = {
     "milp": methods.milp,
     "pipette-sa": pipette_sa,
     "random": random_method,
-    "split-cpsat": split_cpsat,
-    "split-milp": split_milp,
+    "split-cpsat": methods.split_cpsat,
+    "split-milp": methods.split_milp,
 }
 
 

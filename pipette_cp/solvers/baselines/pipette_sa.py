@@ -22,7 +22,7 @@ Reproduced as the code does it
   2 (d_i - 1)/d_i S_dp / min over those nodes of B[n, n]; both DP levels carry the
   full S_dp.  S_act = b s h x 2 bytes (``get_pp_msg_size``, fp16/bf16);
   S_dp = (h V + 16 h^2 L/p) / t x 2 bytes (``get_dp_msg_size``, GPT weight 16).
-  d_i = G / t, d_o = dp / d_i.  DESIGN.md section 2, flaw 1.
+  d_i = G / t, d_o = dp / d_i.  docs/design.md, section 2, flaw 1.
 - Moves, each picked uniformly (``get_neighbors``): two_opt, insert, swap,
   insert_route, insert_reversed, with Pipette's index conventions.
 - Schedule (``annealing``): T0 = 1, T <- 0.999 T every iteration (argparse
@@ -37,7 +37,7 @@ Reproduced as the code does it
 
 Guessed or changed (documented deviations)
 ------------------------------------------
-- Budget: ``SolveOptions.time_limit_s`` (default 10 s, DESIGN.md section 2);
+- Budget: ``SolveOptions.time_limit_s`` (default 10 s, docs/design.md, section 2);
   the script's own default is 500 s.  Seed: ``SolveOptions.seed`` (Pipette
   always seeds 0).  One Python ``random.Random`` drives every random choice.
 - Pipette would crash on non-finite costs (``int(log10(inf))``) or a temperature
@@ -220,7 +220,7 @@ def pipette_latency_s(
 
     ``T = (p-1)(f+g) + k [p (f+g) + C_pp] + C_dp_inner + C_dp_outer`` with
     ``k = m // p``; for ``m < p`` it is ``(m-1)(f+g) + p(f+g) + C_pp + C_dp``.
-    DESIGN.md section 2 (flaw 2: ``(m mod p)(f+g)`` is dropped).
+    docs/design.md, section 2 (flaw 2: ``(m mod p)(f+g)`` is dropped).
 
     >>> c = PipetteCost((0.1,), 0.1, 0.2, 0.3)
     >>> round(pipette_latency_s(c, 1.0, 2.0, num_microbatches=8, pp=4), 6)

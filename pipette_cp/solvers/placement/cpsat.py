@@ -6,7 +6,7 @@ below, so the integer model is a relaxation of the real one and its bound
 stays valid; Kelley cuts are multiplied by :data:`CUT_SCALE` so that their
 snapped gradients (multiples of ``1 / CUT_SCALE``) become integers.  Pipette's
 own CP-SAT model multiplied float message sizes into an integer model and
-lost them (DESIGN.md section 2, flaw 5): here every conversion goes through
+lost them (docs/design.md, section 2, flaw 5): here every conversion goes through
 :func:`to_quanta`.
 """
 

@@ -21,7 +21,7 @@ Cost families (``v`` the unit after ``u``): for every place ``p`` of ``u``,
 Evaluator's flow time at one unit's NIC share).  NIC sharing (nodes that may
 hold several units): ``cross[e, n] >= place_node[u, n] - place_node[v, n]``
 counts flows leaving node ``n`` and ``T >= bytes tp / nic_capacity x count``
-(DESIGN.md section 3, the Evaluator's ``concurrent_flows``).
+(docs/design.md, section 3, the Evaluator's ``concurrent_flows``).
 """
 
 from __future__ import annotations

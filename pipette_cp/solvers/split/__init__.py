@@ -14,8 +14,6 @@ from pipette_cp.solvers.split.solve import (
     TOLERANCE,
     SplitResult,
     solve_split,
-    split_cpsat,
-    split_milp,
     with_optimal_split,
 )
 
@@ -26,7 +24,5 @@ __all__ = [
     "brute_force_split",
     "megatron_split_args",
     "solve_split",
-    "split_cpsat",
-    "split_milp",
     "with_optimal_split",
 ]

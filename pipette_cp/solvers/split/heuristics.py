@@ -18,18 +18,18 @@ from pipette_cp.specs.layouts import even_split
 
 def feasible_start(cost: SplitCost) -> np.ndarray:
     """The even split (:func:`~pipette_cp.specs.layouts.even_split`) if it fits, else
-    the even stage totals clipped to each stage's capacity, the rest moved to the
-    stages with room (most room first), chunks of a stage as even as possible.
-    Call :meth:`SplitCost.require_feasible` first."""
+    the memory-greedy split: the even stage totals clipped to each stage's capacity,
+    the rest added one layer at a time to the least loaded stage with room (water
+    filling, so no stage takes more than it must), chunks of a stage as even as
+    possible.  Call :meth:`SplitCost.require_feasible` first."""
     even = np.array(even_split(cost.num_layers, cost.pp, cost.vpp))
     if cost.allowed(even):
         return even
     caps = cost.stage_capacity()
     totals = np.minimum(cost.stage_layers(even).astype(int), caps)
-    while (short := cost.num_layers - int(totals.sum())) > 0:
-        room = caps - totals
-        s = int(np.argmax(room))
-        totals[s] += min(short, int(room[s]))
+    for _ in range(cost.num_layers - int(totals.sum())):
+        s = int(np.argmin(np.where(totals < caps, totals, np.iinfo(totals.dtype).max)))
+        totals[s] += 1
     chunks = np.array(
         [[k // cost.vpp + (c < k % cost.vpp) for k in totals] for c in range(cost.vpp)]
     )

@@ -252,13 +252,3 @@ def with_optimal_split(
         layer_split=result.split, evaluation=None, solve_info=result.solve_info().model_dump()
     )
     return Plan.model_validate(data)
-
-
-def split_cpsat(instance: Instance, skeleton: Plan, options: SolveOptions) -> Plan:
-    """The skeleton's placement with the CP-SAT-optimal layer split."""
-    return with_optimal_split(instance, skeleton, options, "cpsat")
-
-
-def split_milp(instance: Instance, skeleton: Plan, options: SolveOptions) -> Plan:
-    """The skeleton's placement with the MILP-optimal layer split."""
-    return with_optimal_split(instance, skeleton, options, "milp")

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from pipette_cp.bench.jobs import BenchRow
 from pipette_cp.specs import BestKnown
+from pipette_cp.suite.jobs import BenchRow
 
 #: Relative tolerance of both flags (float noise, the solvers' own 1e-6 gap).
 RTOL = 1e-4

@@ -1,6 +1,6 @@
 """Agreement of the analytic pipeline model with the discrete-event simulator.
 
-``python -m pipette_cp.benchmarks.agreement [INSTANCE ...]`` loads every
+``python -m pipette_cp.experiments.agreement [INSTANCE ...]`` loads every
 bundled instance (the 4096-GPU ones included: ~6 s each, ~25 s in all), picks
 a default layout (:func:`default_layout`; when it has one stage, also the
 smallest pipelined one) and deliberately unbalanced splits of it
@@ -8,7 +8,7 @@ smallest pipelined one) and deliberately unbalanced splits of it
 first or the last stage), evaluates each with ``predictor="analytic"`` and
 ``predictor="simulator"`` and prints instance, variant, layout, both iteration
 times and their difference, with the largest difference of each class at the
-bottom.  Issue 3 target: within 2 % for the default layouts and the
+bottom.  Target: within 2 % for the default layouts and the
 unbalanced splits (1F1B, ``vpp=1``).  The interleaved schedule (``vpp=2``) is
 reported separately, with an even split and with unbalanced chunks: with
 unequal chunks the analytic model is a lower bound that misses waits the

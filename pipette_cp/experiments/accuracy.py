@@ -1,6 +1,6 @@
 """Accuracy of the cost models on published training runs.
 
-``python -m pipette_cp.benchmarks.accuracy`` reads
+``python -m pipette_cp.experiments.accuracy`` reads
 ``instances/calibration/published_runs_calibration.csv``, rebuilds every row's
 model, a nominal cluster, the training job and the row's layout, evaluates it
 and prints measured vs predicted TFLOP/s per GPU (hardware FLOPs, recompute
@@ -26,7 +26,7 @@ Assumptions where a row is silent (each is applied in :func:`row_setup`):
   the distributed optimizer, no SP, no FlashAttention, ALiBi.
 - Nominal clusters: 8 GPUs per node, NVLink at 0.8 x the per-direction
   datasheet value (nccl-tests bus bandwidth on DGX A100/H100), InfiniBand HDR
-  18.8 GB/s or NDR 40 GB/s per GPU under load (DESIGN.md sec. 5, G1/G2),
+  18.8 GB/s or NDR 40 GB/s per GPU under load (docs/design.md, section 5, G1/G2),
   Omni-Path 4 x 100 Gb/s per node at 0.75 efficiency for BLOOM.
 - Rows larger than :data:`MAX_GPUS` are evaluated with fewer DP replicas and the
   same micro-batches per pipeline (TFLOP/s per GPU are then unchanged up to the
@@ -63,10 +63,15 @@ CALIBRATION_CSV = INSTANCES_DIR / "calibration" / "published_runs_calibration.cs
 #: Largest cluster built for a row (a GPU x GPU matrix of 2048^2 floats is 32 MB).
 MAX_GPUS = 2048
 
-#: Throughput targets of issue 3.
+#: Accuracy targets: throughput MAPE, worst throughput row, worst memory row.
 TARGET_MAPE = 0.08
 TARGET_WORST = 0.20
 TARGET_MEMORY = 0.10
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    """(predicted - measured) / measured: > 0 where the model predicts too much."""
+    return predicted / measured - 1.0
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,7 @@ class AccuracyRow:
     @property
     def error(self) -> float:
         """(predicted - measured) / measured."""
-        return self.predicted_tflops / self.measured_tflops - 1.0
+        return relative_error(self.predicted_tflops, self.measured_tflops)
 
 
 @dataclass(frozen=True)
@@ -111,7 +116,7 @@ class MemoryRow:
     @property
     def error(self) -> float:
         """(predicted - measured) / measured."""
-        return self.predicted_bytes / self.measured_bytes - 1.0
+        return relative_error(self.predicted_bytes, self.measured_bytes)
 
 
 @dataclass(frozen=True)
@@ -222,7 +227,7 @@ def row_setup(row: dict[str, str], max_gpus: int = MAX_GPUS) -> RowSetup:
         nics_per_node=nics,
         nic_bandwidth_bytes_per_s=nic_bw,
         name=f"nominal-{nodes}x{per_node}",
-        source="nominal (pipette_cp.benchmarks.accuracy)",
+        source="nominal (pipette_cp.experiments.accuracy)",
     )
     instance = Instance(name=row["model_name"], model=model, cluster=cluster, training=training)
     memory = row["measured_mem_gb_per_gpu"]
@@ -290,7 +295,7 @@ def fit_compute(setups: list[RowSetup]) -> dict[str, calib.GpuCalibration]:
         def errors(ceiling: float, half: float, rows=rows, base=base, family=family) -> np.ndarray:
             trial = replace(base, gemm_efficiency_max=ceiling, gemm_half_saturation_flops=half)
             with patch.dict(calib.GPU_CALIBRATION, {family: trial}):
-                return np.array([_evaluate(s) / s.measured_tflops - 1.0 for s in rows])
+                return np.array([relative_error(_evaluate(s), s.measured_tflops) for s in rows])
 
         coarse = np.round(np.arange(0.50, 0.9001, 0.02), 4).tolist()
         halves = (0.0, 1e9, 3e9, 1e10, 3e10, 1e11)
@@ -348,7 +353,7 @@ def format_report(report: AccuracyReport) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pipette_cp.benchmarks.accuracy [--fit]``."""
+    """``python -m pipette_cp.experiments.accuracy [--fit]``."""
     argv = sys.argv[1:] if argv is None else argv
     if "--fit" in argv:
         setups = [row_setup(row) for row in read_rows()]

@@ -1,9 +1,9 @@
 """Does every method honour its time limit, and what does it report when it runs out?
 
-``python -m pipette_cp.benchmarks.time_limits [--limits 1,5] [--instances ...]``
+``python -m pipette_cp.experiments.time_limits [--limits 1,5] [--instances ...]``
 runs every method on one skeleton per instance (the layout with the smallest time
 lower bound that fits in memory) at each time limit and prints the wall time, the
-overrun (wall - limit), the status and the gap.  Issue 7's target: overrun <= 10 %
+overrun (wall - limit), the status and the gap.  Target: overrun <= 10 %
 of the limit or 1 s, whichever is larger; a timed-out exact solve says
 ``feasible`` and gives its gap (``-`` where no valid bound exists, e.g. a
 two-level all-reduce outside the master).

@@ -14,8 +14,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from pipette_cp.bench.jobs import COLUMNS, CRASH, BenchRow
 from pipette_cp.errors import InputFileError
+from pipette_cp.suite.jobs import COLUMNS, CRASH, BenchRow
 
 #: Default file name of the store.
 DEFAULT_DB = "bench.sqlite"
@@ -60,7 +60,7 @@ class BenchStore:
     Examples
     --------
     >>> import tempfile, pathlib
-    >>> from pipette_cp.bench.jobs import Job, failed_row
+    >>> from pipette_cp.suite.jobs import Job, failed_row
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "b.sqlite"
     >>> with BenchStore(path) as store:
     ...     store.write(failed_row(Job("x", "greedy", 0, 8.0), "infeasible", "too big"))

@@ -16,10 +16,10 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pipette_cp.bench.best_known import Flag, all_flags
-from pipette_cp.bench.jobs import BenchRow
-from pipette_cp.bench.runner import DEFAULT_METHODS
 from pipette_cp.specs import BestKnown
+from pipette_cp.suite.best_known import Flag, all_flags
+from pipette_cp.suite.jobs import BenchRow
+from pipette_cp.suite.runner import DEFAULT_METHODS
 
 #: Exact solvers whose best plan is compared with the baselines.
 SOLVERS = ("cpsat", "milp")

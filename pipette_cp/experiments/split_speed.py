@@ -1,6 +1,6 @@
 """Speed of the exact layer split (CP-SAT and MILP) on 128 layers x 32 stages.
 
-``python -m pipette_cp.benchmarks.split_speed`` solves the split of:
+``python -m pipette_cp.experiments.split_speed`` solves the split of:
 
 - a 128-layer GPT-like model (h = 8192, 64 heads, ffn 4h, sequence 4096) on
   32 nodes x 8 H100 with lognormal link noise, tp = 8, pp = 32, dp = 1, 512
@@ -13,7 +13,7 @@
 
 and prints, per case and backend, the wall time (set-up included), status, gap,
 cutting-plane iterations, the iteration time of the best and of the even split,
-and the Megatron arguments of the result.  Target (issue 4): optimal within 1 s
+and the Megatron arguments of the result.  Target: optimal within 1 s
 for 128 layers and 32 stages.  Every figure is the best of ``--repeats`` runs.
 """
 
@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
-
-from pipette_cp.clusters.expand import cluster_from_node_matrix
+from pipette_cp.experiments.speed import noisy_cluster
 from pipette_cp.io.instance_file import load_instance
-from pipette_cp.solvers.base import SolveOptions
+from pipette_cp.solvers.options import SolveOptions
 from pipette_cp.solvers.split import SplitResult, megatron_split_args, solve_split
-from pipette_cp.specs import Instance, ModelSpec, Plan, TrainingSpec, resolve_gpu
+from pipette_cp.specs import Instance, ModelSpec, Plan, TrainingSpec
 from pipette_cp.specs.layouts import make_plan
-from pipette_cp.units import GB
 
 
 def gpt_128(vocab_size: int = 50257, num_nodes: int = 32, seed: int = 0) -> Instance:
@@ -43,16 +40,7 @@ def gpt_128(vocab_size: int = 50257, num_nodes: int = 32, seed: int = 0) -> Inst
         vocab_size=vocab_size,
         max_seq_length=4096,
     )
-    rng = np.random.default_rng(seed)
-    cluster = cluster_from_node_matrix(
-        node_bandwidth=20 * GB * rng.lognormal(0.0, 0.05, (num_nodes, num_nodes)),
-        intra_node=240 * GB,
-        gpus_per_node=8,
-        gpu=resolve_gpu("h100"),
-        nics_per_node=8,
-        nic_bandwidth_bytes_per_s=20 * GB,
-        name=f"bench-{num_nodes}x8",
-    )
+    cluster = noisy_cluster(num_nodes, "h100", 20.0, 0.05, seed)
     training = TrainingSpec(global_batch_size=512, seq_length=4096)
     return Instance(name=model.name, model=model, cluster=cluster, training=training)
 

@@ -1,6 +1,6 @@
 """Robust planning on G6 fail-slow timelines: a plan for one snapshot vs one for a window.
 
-``python -m pipette_cp.benchmarks.robust [--timelines 10] [--horizon 3] [--nodes 8]
+``python -m pipette_cp.experiments.robust [--timelines 10] [--horizon 3] [--nodes 8]
 [--time-limit S] [--quantile Q] [--window W] [--global-batch B] [--set KEY=VALUE]``
 
 For each of ``--timelines`` seeds, a G6 timeline of ``W + k`` snapshots

@@ -14,15 +14,15 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from typing import Any, Protocol
 
-from pipette_cp.bench.jobs import CRASH, BenchRow, Job, failed_row, run_job
 from pipette_cp.errors import SpecError
+from pipette_cp.suite.jobs import CRASH, BenchRow, Job, failed_row, run_job
 
 #: Executor names accepted by :func:`make_executor` (and ``--executor``).
 EXECUTORS = ("local", "ray")
 
 
 class Executor(Protocol):
-    """Runs :func:`~pipette_cp.bench.jobs.run_job` on submitted jobs."""
+    """Runs :func:`~pipette_cp.suite.jobs.run_job` on submitted jobs."""
 
     def submit(self, job: Job) -> None:
         """Queue one job."""

@@ -11,8 +11,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 
-from pipette_cp.bench.jobs import BenchRow
-from pipette_cp.bench.report import BASELINES, SOLVERS, BenchReport, latest_rows
+from pipette_cp.suite.jobs import BenchRow
+from pipette_cp.suite.report import BASELINES, SOLVERS, BenchReport, latest_rows
 
 #: Why a plot is not written.
 _NO_DATA = {

@@ -1,12 +1,12 @@
 """Wall time of the whole search (`pipette-cp solve` with its default budget) per instance.
 
-``python -m pipette_cp.benchmarks.solve_time [INSTANCE ...] [--method cpsat]
+``python -m pipette_cp.experiments.solve_time [INSTANCE ...] [--method cpsat]
 [--time-limit S]`` prints, per instance, the GPU count, the budget, the measured wall
 time (loading included) and its overrun of the budget, the peak resident memory of
 the process so far (run one instance per call for its own peak), the best plan, its
 iteration time and status.  Targets: <= 10 s for 64 GPUs, <= 60 s for 512, <= 120 s
-for 1024, <= 600 s for 4096 (issue 5); overrun <= 10 % or 1 s and 4096 GPUs within a
-24 GB machine (issue 7).
+for 1024, <= 600 s for 4096; overrun <= 10 % or 1 s; 4096 GPUs within 24 GB of
+memory.
 """
 
 from __future__ import annotations

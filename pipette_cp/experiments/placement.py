@@ -1,6 +1,6 @@
 """Placement benchmark: exact methods against the baselines on every bundled instance.
 
-``python -m pipette_cp.benchmarks.placement [--max-nodes N] [--time-limit S]``
+``python -m pipette_cp.experiments.placement [--max-nodes N] [--time-limit S]``
 runs every bundled instance (:func:`~pipette_cp.io.instance_file.list_instances`)
 with at most ``N`` nodes, with one representative layout each
 (:func:`representative_plan`), through the methods ``cpsat``, ``milp``,
@@ -11,7 +11,7 @@ wall time; then the speed-up of ``cpsat`` over ``pipette-sa`` (geometric mean
 and max) for the degraded and the oversubscribed families.  A plan that sends
 data over a failed link cannot run: its time reads ``fails``.
 
-Targets (issue 4): placement on <= 16 nodes proven optimal within 10 s; 32-128
+Targets: placement on <= 16 nodes proven optimal within 10 s; 32-128
 nodes: a plan within 60 s never worse than the best baseline, gap reported and
 <= 5 % on the generated healthy and degraded clusters; never slower than
 pipette-sa; CP-SAT and MILP agree whenever both prove optimality.
@@ -28,14 +28,13 @@ from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.cost.memory import memory_by_stage, usable_memory_bytes
 from pipette_cp.errors import PipetteError
 from pipette_cp.io.instance_file import list_instances, load_instance
-from pipette_cp.solvers import amp, baselines, greedy, pipette_sa, placement  # noqa: F401
-from pipette_cp.solvers.base import METHODS, SolveOptions
+from pipette_cp.solvers import METHODS, SolveOptions
 from pipette_cp.specs import Instance, Plan, Recompute
 from pipette_cp.specs.layouts import make_plan
 
 #: Methods compared, in table order.
 METHODS_RUN = ("cpsat", "milp", "greedy", "megatron-default", "pipette-sa", "amp", "random")
-#: Pipette's per-candidate SA budget (DESIGN.md section 2).
+#: Pipette's per-candidate SA budget (docs/design.md, section 2).
 PIPETTE_BUDGET_S = 10.0
 
 

@@ -10,15 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pipette_cp.bench.best_known import Flag, all_flags
-from pipette_cp.bench.executors import Executor
-from pipette_cp.bench.jobs import BenchRow, Job
-from pipette_cp.bench.store import BenchStore
 from pipette_cp.errors import SpecError
 from pipette_cp.io.instance_file import list_instances, load_instance
 from pipette_cp.search.loop import default_time_limit_s
 from pipette_cp.solvers import METHODS
 from pipette_cp.specs import BestKnown
+from pipette_cp.suite.best_known import Flag, all_flags
+from pipette_cp.suite.executors import Executor
+from pipette_cp.suite.jobs import BenchRow, Job
+from pipette_cp.suite.store import BenchStore
 
 #: Methods benchmarked when none are named.
 DEFAULT_METHODS = ("cpsat", "milp", "pipette-sa", "amp", "greedy", "megatron-default")

@@ -1,4 +1,4 @@
-"""pipette_cp.bench: the store, the runner (skip on re-run), the report and best_known."""
+"""pipette_cp.suite: the store, the runner (skip on re-run), the report and best_known."""
 
 from __future__ import annotations
 
@@ -11,7 +11,11 @@ import pytest
 import yaml
 
 from pipette_cp import __version__
-from pipette_cp.bench import (
+from pipette_cp.errors import InputFileError, SpecError
+from pipette_cp.io.instance_file import instance_path, load_instance, write_best_known
+from pipette_cp.solvers import METHODS
+from pipette_cp.specs import BestKnown, Plan
+from pipette_cp.suite import (
     BenchRow,
     BenchStore,
     Job,
@@ -26,12 +30,8 @@ from pipette_cp.bench import (
     to_csv,
     to_markdown,
 )
-from pipette_cp.bench.jobs import CRASH, failed_row
-from pipette_cp.bench.plots import write_plots
-from pipette_cp.errors import InputFileError, SpecError
-from pipette_cp.io.instance_file import instance_path, load_instance, write_best_known
-from pipette_cp.solvers import METHODS
-from pipette_cp.specs import BestKnown, Plan
+from pipette_cp.suite.jobs import CRASH, failed_row
+from pipette_cp.suite.plots import write_plots
 
 TINY = "gpt3-1.3b-nominal-8"
 

@@ -1,6 +1,6 @@
 """Speed of the cost models: analytic plans/s and simulator time.
 
-``python -m pipette_cp.benchmarks.speed`` builds a 1024-GPU cluster (128 nodes
+``python -m pipette_cp.experiments.speed`` builds a 1024-GPU cluster (128 nodes
 x 8 A100, a measured-looking node matrix with lognormal noise), GPT-3 175B,
 and times:
 
@@ -18,7 +18,7 @@ and times:
 - the discrete-event simulator on pp=16 with 256 micro-batches (timeline
   included), for 1F1B and interleaved.
 
-Targets (issue 3): >= 2,000 analytic plans/s on one core; simulator <= 0.2 s.
+Targets: >= 2,000 analytic plans/s on one core; simulator <= 0.2 s.
 Every figure is the best of ``--repeats`` runs (the machine may be shared).
 """
 
@@ -33,7 +33,7 @@ import numpy as np
 from pipette_cp.clusters.expand import cluster_from_node_matrix
 from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.cost.simulator import stage_programs
-from pipette_cp.specs import Instance, ModelSpec, Plan, TrainingSpec, resolve_gpu
+from pipette_cp.specs import ClusterSpec, Instance, ModelSpec, Plan, TrainingSpec, resolve_gpu
 from pipette_cp.specs.layouts import make_plan
 from pipette_cp.units import GB
 
@@ -50,20 +50,27 @@ GPT3_175B = ModelSpec(
 )
 
 
-def make_instance(num_nodes: int = 128, global_batch_size: int = 1536, seed: int = 0) -> Instance:
-    """GPT-3 175B on ``num_nodes`` x 8 A100-80GB, HDR-like links with noise."""
+def noisy_cluster(
+    num_nodes: int, gpu: str, nic_gb_per_s: float, sigma: float, seed: int = 0
+) -> ClusterSpec:
+    """``num_nodes`` x 8 ``gpu`` (240 GB/s NVLink pairs, one NIC per GPU): every node
+    pair at ``nic_gb_per_s`` per NIC times lognormal(0, ``sigma``) noise."""
     rng = np.random.default_rng(seed)
-    # G1-like (DESIGN.md section 5): 18.8 GB/s per NIC under load, lognormal sigma 0.03
-    node = 18.8 * GB * rng.lognormal(0.0, 0.03, (num_nodes, num_nodes))
-    cluster = cluster_from_node_matrix(
-        node_bandwidth=node,
+    return cluster_from_node_matrix(
+        node_bandwidth=nic_gb_per_s * GB * rng.lognormal(0.0, sigma, (num_nodes, num_nodes)),
         intra_node=240 * GB,
         gpus_per_node=8,
-        gpu=resolve_gpu("a100-80gb"),
+        gpu=resolve_gpu(gpu),
         nics_per_node=8,
-        nic_bandwidth_bytes_per_s=18.8 * GB,
+        nic_bandwidth_bytes_per_s=nic_gb_per_s * GB,
         name=f"bench-{num_nodes}x8",
     )
+
+
+def make_instance(num_nodes: int = 128, global_batch_size: int = 1536, seed: int = 0) -> Instance:
+    """GPT-3 175B on ``num_nodes`` x 8 A100-80GB, HDR-like links with noise."""
+    # G1-like (docs/design.md, section 5): 18.8 GB/s per NIC under load, lognormal sigma 0.03
+    cluster = noisy_cluster(num_nodes, "a100-80gb", 18.8, 0.03, seed)
     training = TrainingSpec(global_batch_size=global_batch_size, seq_length=2048)
     return Instance(name="speed", model=GPT3_175B, cluster=cluster, training=training)
 

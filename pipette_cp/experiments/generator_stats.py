@@ -1,6 +1,7 @@
-"""Measured statistics of every cluster generator next to its targets (DESIGN.md section 5).
+"""Measured statistics of every cluster generator next to its targets
+(docs/design.md, section 5).
 
-Run ``python -m pipette_cp.benchmarks.generator_stats [--nodes 32] [--seeds 5]``:
+Run ``python -m pipette_cp.experiments.generator_stats [--nodes 32] [--seeds 5]``:
 for each generator it builds ``--seeds`` clusters (G6: 12-snapshot timelines),
 averages every statistic over the seeds and prints it beside the target range,
 with the worst seed's value when any seed misses.
