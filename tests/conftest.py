@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, settings
 from pipette_cp.clusters.expand import cluster_from_node_matrix
 from pipette_cp.specs import Instance, ModelSpec, SearchSpace, TrainingSpec, resolve_gpu
 
-# ``HYPOTHESIS_PROFILE=fuzz pytest tests/test_fuzz.py tests/test_fuzz_inputs.py``: the long
+# ``HYPOTHESIS_PROFILE=fuzz pytest tests/test_fuzz.py tests/test_fuzz_evaluator.py tests/test_fuzz_inputs.py``: the long
 # fuzzing run (tests/fuzz_strategies.py multiplies its example counts under this profile).
 settings.register_profile(
     "fuzz",

@@ -10,17 +10,19 @@ import pytest
 from pipette_cp.cost.calibration import calibration_for
 from pipette_cp.cost.compute import (
     ChunkTimes,
-    Gemm,
     chunk_times,
     gemm_time_s,
-    hardware_flops_per_iteration,
-    layer_forward_flops,
-    layer_gemms,
     layer_times,
-    model_flops_per_iteration,
     optimizer_step_time_s,
     tp_collective_time_s,
     wave_efficiency,
+)
+from pipette_cp.cost.flops import (
+    Gemm,
+    hardware_flops_per_iteration,
+    layer_forward_flops,
+    layer_gemms,
+    model_flops_per_iteration,
 )
 from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.profile_file import load_layer_profile

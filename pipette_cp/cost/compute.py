@@ -1,4 +1,4 @@
-"""Compute time of one model chunk per micro-batch, and FLOP counts.
+"""Compute time of one model chunk per micro-batch.
 
 Per layer and tensor-parallel rank: every GEMM (GQA and SwiGLU widths derived)
 at a size-dependent achieved FLOP/s capped by the HBM roofline, memory-bound
@@ -6,7 +6,8 @@ element-wise work at HBM bandwidth, and the TP collectives over the intra-node
 link.  Backward = 2 x the forward GEMMs (FlashAttention 2.5 x); full recompute
 adds one forward, selective the attention core.  Parameters per GPU type live in
 :mod:`pipette_cp.cost.calibration`; a :class:`~pipette_cp.specs.profile.LayerProfile`
-of measured per-layer times replaces the estimate.
+of measured per-layer times replaces the estimate.  The GEMMs and FLOP counts live in
+:mod:`pipette_cp.cost.flops`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pipette_cp.cost.calibration import (
     calibration_for,
     peak_flops,
 )
+from pipette_cp.cost.flops import ATTENTION_CORE, Gemm, layer_gemms
 from pipette_cp.cost.memory import (
     padded_vocab_size,
     stage_params_per_gpu,
@@ -32,97 +34,6 @@ from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.profile import LayerProfile
 from pipette_cp.specs.training import TrainingSpec
-
-
-@dataclass(frozen=True)
-class Gemm:
-    """One (possibly batched) matrix product ``[m x k] @ [k x n]`` in 2-byte elements."""
-
-    name: str
-    m: int
-    n: int
-    k: int
-    batch: int = 1
-
-    @property
-    def flops(self) -> float:
-        """2 m n k per product (a multiply and an add)."""
-        return 2.0 * self.m * self.n * self.k * self.batch
-
-    def backward(self) -> tuple[Gemm, Gemm]:
-        """Data-gradient and weight-gradient products (same FLOPs each)."""
-        return (
-            Gemm(f"{self.name}.dgrad", self.m, self.k, self.n, self.batch),
-            Gemm(f"{self.name}.wgrad", self.k, self.n, self.m, self.batch),
-        )
-
-
-# --------------------------------------------------------------------------- FLOPs
-def layer_gemms(
-    model: ModelSpec, seq_length: int, micro_batch_size: int, tp: int
-) -> tuple[Gemm, ...]:
-    """Forward GEMMs of one transformer layer on one tensor-parallel rank.
-
-    Megatron's layer: QKV (column-parallel), scores ``Q K^T`` and context ``P V``
-    per head (batched over ``b a / t`` heads), output projection (row-parallel),
-    FC1 (column-parallel; SwiGLU doubles its width) and FC2 (row-parallel).
-    """
-    h, f, d, s = model.hidden_size, model.ffn_hidden_size, model.head_size, seq_length
-    tokens = s * micro_batch_size
-    q_width, kv_width = model.num_attention_heads * d, model.kv_heads * d
-    heads = micro_batch_size * model.num_attention_heads // tp
-    fc1_width = (2 if model.activation == "swiglu" else 1) * f
-    return (
-        Gemm("qkv", tokens, (q_width + 2 * kv_width) // tp, h),
-        Gemm("scores", s, s, d, heads),
-        Gemm("context", s, d, s, heads),
-        Gemm("proj", tokens, h, q_width // tp),
-        Gemm("fc1", tokens, fc1_width // tp, h),
-        Gemm("fc2", tokens, h, f // tp),
-    )
-
-
-def layer_forward_flops(
-    model: ModelSpec, seq_length: int, micro_batch_size: int = 1, tp: int = 1
-) -> float:
-    """Forward FLOPs of one layer on one rank; ``24 b s h^2 + 4 b s^2 h`` for GPT.
-
-    Narayanan et al. 2021 sec. 5.1 (ffn = 4h, MHA); attention counted in full
-    (no causal halving), as Megatron's FLOP counters do.
-    """
-    return sum(g.flops for g in layer_gemms(model, seq_length, micro_batch_size, tp))
-
-
-def model_flops_per_iteration(model: ModelSpec, training: TrainingSpec) -> float:
-    """Model FLOPs of one iteration (for MFU): forward + backward, no recompute.
-
-    ``3 x (L x layer forward + logits)`` per sequence; for GPT this is
-    ``72 B s L h^2 (1 + s/(6h) + V/(12 L h))`` (Narayanan et al. 2021, eq. 3
-    without recomputation), i.e. ~6 N FLOPs per token plus attention.
-    """
-    s = training.seq_length
-    # Logits GEMM, 2 s h V per sequence (Narayanan et al. 2021).
-    per_seq = (
-        model.num_layers * layer_forward_flops(model, s)
-        + 2.0 * s * model.hidden_size * model.vocab_size
-    )
-    return 3.0 * per_seq * training.global_batch_size
-
-
-def hardware_flops_per_iteration(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
-    """Executed FLOPs of one iteration (for HFU): model FLOPs plus recomputation.
-
-    Full recompute adds one layer forward, ``96 B s L h^2 (1 + s/(6h) + V/(16 L h))``
-    for GPT (Narayanan et al. 2021, eq. 3); selective adds the attention core.
-    """
-    redone = {"full": _ALL, "selective": _CORE, "none": ()}[plan.recompute]
-    gemms = layer_gemms(model, training.seq_length, 1, 1)
-    extra = sum(g.flops for g in gemms if g.name in redone) * model.num_layers
-    return model_flops_per_iteration(model, training) + extra * training.global_batch_size
-
-
-_CORE = ("scores", "context")
-_ALL = ("qkv", *_CORE, "proj", "fc1", "fc2")
 
 
 # ------------------------------------------------------------------------- timing
@@ -210,7 +121,7 @@ def _attention_core_times(
 ) -> tuple[float, float]:
     """(forward, backward) of the attention core: scores, softmax, dropout, context."""
     s, b, t = training.seq_length, plan.micro_batch_size, plan.tp
-    gemms = [g for g in layer_gemms(model, s, b, t) if g.name in _CORE]
+    gemms = [g for g in layer_gemms(model, s, b, t) if g.name in ATTENTION_CORE]
     if uses_flash_attention(training, plan):
         # FlashAttention (Dao et al. 2022; Dao 2023): causal blocks skipped (half the
         # FLOPs), backward = 2.5 x forward (5 GEMMs instead of 2).
@@ -252,7 +163,7 @@ def layer_times(
     """Analytic forward/backward/recompute time of one layer for one micro-batch."""
     cal = calibration or calibration_for(gpu)
     s, b, t = training.seq_length, plan.micro_batch_size, plan.tp
-    dense = [g for g in layer_gemms(model, s, b, t) if g.name not in _CORE]
+    dense = [g for g in layer_gemms(model, s, b, t) if g.name not in ATTENTION_CORE]
     core_fwd, core_bwd = _attention_core_times(model, training, gpu, plan, cal)
     elementwise = _hbm_time_s(_elementwise_forward_bytes(model, training, plan), gpu, cal)
     fwd_compute = sum(gemm_time_s(g, gpu, cal) for g in dense) + core_fwd + elementwise

@@ -20,12 +20,8 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from pipette_cp.cost import comm
-from pipette_cp.cost.compute import (
-    chunk_times,
-    hardware_flops_per_iteration,
-    model_flops_per_iteration,
-    optimizer_step_time_s,
-)
+from pipette_cp.cost.compute import chunk_times, optimizer_step_time_s
+from pipette_cp.cost.flops import hardware_flops_per_iteration, model_flops_per_iteration
 from pipette_cp.cost.layout_check import (
     FlowTemplate,
     check_knobs,

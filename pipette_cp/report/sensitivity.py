@@ -14,7 +14,9 @@ scaled at once).  A node's NIC is modelled as all inter-node links from and to
 its GPUs (the NIC-sharing cap of the cost model is one cluster-wide constant),
 its NVLink as all links inside it.
 
-Rendering (tables, JSON, figure) lives in :mod:`pipette_cp.report.sensitivity_view`.
+The links a plan uses and the scaled clusters live in
+:mod:`pipette_cp.report.sensitivity_links`; rendering (tables, JSON, figure) in
+:mod:`pipette_cp.report.sensitivity_view`.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ from typing import Literal
 
 import numpy as np
 
-from pipette_cp.checker import communication_pairs
 from pipette_cp.cost.evaluate import BREAKDOWN_KEYS, Evaluator
 from pipette_cp.errors import SpecError
+from pipette_cp.report.sensitivity_links import node_masks, pair_mask, plan_links, scaled_instance
 from pipette_cp.specs import ClusterSpec, Evaluation, Instance, Plan
 
 __all__ = [
@@ -125,80 +127,6 @@ class SensitivityReport:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
-# ----------------------------------------------------------------- the links used
-def plan_links(instance: Instance, plan: Plan) -> dict[tuple[int, int], tuple[str, ...]]:
-    """Unordered GPU pairs ``(a, b)``, ``a < b``, the plan may send data over, and the
-    traffic classes on each (pp, dp, tp, embedding).
-
-    The checker's :func:`communication_pairs` (pipeline hops, replica-order DP
-    rings, TP rings, embedding pairs) plus, per DP group, the intra-node and
-    inter-node rings of the two-level all-reduce (members sorted by node, as in
-    :func:`pipette_cp.cost.comm.hierarchical_times_s`).
-    """
-    kinds: dict[tuple[int, int], set[str]] = {}
-
-    def add(kind: str, a: int, b: int) -> None:
-        if a != b:
-            kinds.setdefault((min(a, b), max(a, b)), set()).add(kind)
-
-    for kind, pairs in communication_pairs(plan, instance.model.tied_embeddings).items():
-        for a, b in pairs:
-            add(kind, a, b)
-    g = instance.cluster.gpus_per_node
-    for s in range(plan.pp):
-        for t in range(plan.tp):
-            members = sorted(
-                (plan.unit_gpus(s, d)[t] for d in range(plan.dp)), key=lambda x: x // g
-            )
-            by_node: dict[int, list[int]] = {}
-            for gpu in members:
-                by_node.setdefault(gpu // g, []).append(gpu)
-            blocks = list(by_node.values())
-            if len({len(b) for b in blocks}) != 1:
-                continue  # unequal local groups: the evaluator uses the ring only
-            local = len(blocks[0])
-            for i, block in enumerate(blocks):
-                for j, gpu in enumerate(block):
-                    add("dp", gpu, block[(j + 1) % local])
-                    add("dp", gpu, blocks[(i + 1) % len(blocks)][j])
-    order = ("pp", "dp", "tp", "embedding")
-    return {pair: tuple(k for k in order if k in found) for pair, found in sorted(kinds.items())}
-
-
-# ------------------------------------------------------------------ perturbations
-def scaled_instance(instance: Instance, mask: np.ndarray, factor: float) -> Instance:
-    """``instance`` with the bandwidth of the GPU pairs where ``mask`` is True multiplied
-    by ``factor`` > 0 (a new cluster; the input is not touched).
-
-    Scaling a valid matrix by a positive factor keeps every invariant the cluster
-    validators check (finite, non-negative, zero diagonal, the same failed pairs),
-    so the copy is valid without re-running them (they cost more than an evaluation).
-    """
-    if not factor > 0:
-        raise SpecError("factor", factor, "must be positive (0 would fail the links)")
-    cluster = instance.cluster
-    matrix = np.where(mask, cluster.bandwidth_bytes_per_s * factor, cluster.bandwidth_bytes_per_s)
-    matrix.flags.writeable = False
-    scaled = cluster.model_copy(update={"bandwidth_bytes_per_s": matrix})
-    return instance.model_copy(update={"cluster": scaled})
-
-
-def _pair_mask(n: int, pairs: Sequence[tuple[int, int]]) -> np.ndarray:
-    mask = np.zeros((n, n), dtype=bool)
-    for a, b in pairs:
-        mask[a, b] = mask[b, a] = True
-    return mask
-
-
-def _node_masks(cluster: ClusterSpec, node: int) -> tuple[np.ndarray, np.ndarray]:
-    """(NIC mask: every link with exactly one end on ``node``, NVLink mask: inside it)."""
-    inside = np.zeros(cluster.num_gpus, dtype=bool)
-    inside[list(cluster.gpus_of_node(node))] = True
-    nvlink = inside[:, None] & inside[None, :]
-    nic = inside[:, None] ^ inside[None, :]
-    return nic, nvlink
-
-
 class _Scorer:
     """The plan's evaluation on perturbed copies of one instance."""
 
@@ -285,7 +213,7 @@ def sensitivity(
     used_nodes = sorted({cluster.node_of(g) for unit in plan.placement for g in unit})
     nodes = []
     for node in used_nodes:
-        nic, nvlink = _node_masks(cluster, node)
+        nic, nvlink = node_masks(cluster, node)
         nodes.append(
             NodeSensitivity(
                 node, cluster.node_names[node], scorer.impact(nic), scorer.impact(nvlink)
@@ -329,7 +257,7 @@ def _gpu_links(
             bandwidth_bytes_per_s=float(bw[a, b]),
             reverse_bandwidth_bytes_per_s=float(bw[b, a]),
             traffic=kinds,
-            impact=scorer.impact(_pair_mask(n, [(a, b)])),
+            impact=scorer.impact(pair_mask(n, [(a, b)])),
         )
         for (a, b), kinds in links.items()
     ]
@@ -369,7 +297,7 @@ def _node_pair_links(
 def _link_mask(cluster: ClusterSpec, link: LinkSensitivity) -> np.ndarray:
     """The GPU pairs :func:`sensitivity` scaled for ``link``."""
     if link.gpus is not None:
-        return _pair_mask(cluster.num_gpus, [link.gpus])
+        return pair_mask(cluster.num_gpus, [link.gpus])
     gpus = np.arange(cluster.num_gpus)
     first, second = (np.isin(gpus, list(cluster.gpus_of_node(k))) for k in link.nodes)
     return (first[:, None] & second[None, :]) | (second[:, None] & first[None, :])

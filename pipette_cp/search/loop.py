@@ -8,7 +8,8 @@
 4. The chosen method (split + placement) runs on the skeletons in order of
    their score, each within its share of the time budget; skeletons whose bound
    is not below the best solved plan are skipped.
-5. The best ``top_k`` by the analytic model are re-ranked by the simulator.
+5. The best ``top_k`` by the analytic model are re-ranked by the simulator
+   (:func:`~pipette_cp.search.rerank.rerank`).
 
 Every returned plan fits in memory per the model and passes the checker.
 """
@@ -27,12 +28,12 @@ from pipette_cp.checker import check_plan
 from pipette_cp.cost.evaluate import Evaluator, validate_layout
 from pipette_cp.errors import InfeasibleError, LayoutError, PipetteError
 from pipette_cp.search.bounds import memory_check, time_lower_bound
+from pipette_cp.search.rerank import plan_time, rerank
 from pipette_cp.search.space import enumerate_layouts
 from pipette_cp.search.sweep import SWEPT_METHODS, Candidate, sweep
 from pipette_cp.solvers import SolveOptions, get_method
 from pipette_cp.solvers.extensions import ConstraintFamily, family_violations
 from pipette_cp.specs import Instance, Plan, SearchSpace, SolveInfo
-from pipette_cp.specs.layouts import even_split
 
 #: ``progress(phase, done, total)``; phases: "bounds", "score", "solve", "rerank".
 Progress = Callable[[str, int, int], None]
@@ -46,9 +47,6 @@ SCORE_SHARE = 0.4
 MIN_SCORED = 32
 #: Share of the budget for the greedy sweep before the exact solves (cpsat, milp).
 SWEEP_SHARE = 0.2
-#: Layouts the simulator re-ranks (at least): the analytic order of close layouts
-#: may differ from the simulator's, which has the last word.
-RERANKED = 8
 #: Skeletons the greedy fallback tries when no solve succeeded and no default fits.
 FALLBACK_TRIES = 8
 
@@ -159,7 +157,7 @@ def search(
         SOLVE_SHARE * time_limit_s,
         options,
         max_solves,
-        min((_time(p) for p in pool), default=math.inf),
+        min((plan_time(p) for p in pool), default=math.inf),
     )
     if not plans:  # every solve failed or ran out of time: the scored skeletons remain
         plans = _fallback(evaluator, candidates, options, method, top_k)
@@ -179,7 +177,7 @@ def search(
             + ", ".join(_hints(instance))
             + ", or try another --method or a longer --time-limit"
         )
-    ranked = _rerank(evaluator, plans, top_k, notify)
+    ranked = rerank(evaluator, plans, top_k, notify)
     stats.wall_time_s = time.perf_counter() - start
     return SearchResult(ranked, stats)
 
@@ -287,7 +285,7 @@ def _solve_all(
             stats.method_failures += 1
             continue
         best = min(best, evaluation.iteration_time_s)
-        if degrees not in placed or _time(placed[degrees]) > evaluation.iteration_time_s:
+        if degrees not in placed or plan_time(placed[degrees]) > evaluation.iteration_time_s:
             placed[degrees] = plan.model_copy(update={"evaluation": evaluation})
         solved.append(plan.model_copy(update={"evaluation": evaluation}))
     return solved
@@ -331,59 +329,6 @@ def _usable(instance: Instance, plan: Plan, options: SolveOptions) -> bool:
 def _as_fallback(evaluator: Evaluator, plan: Plan, how: str) -> Plan:
     info = SolveInfo(method=how, status="heuristic")
     return plan.model_copy(update={"evaluation": evaluator.evaluate(plan), "solve_info": info})
-
-
-def _time_then_exact(plan: Plan) -> tuple[float, bool]:
-    """Sort key: time, then a solver's plan (with its status and gap) before a tied
-    heuristic one."""
-    return _time(plan), plan.solve_info is None or plan.solve_info.status == "heuristic"
-
-
-def _time(plan: Plan) -> float:
-    assert plan.evaluation is not None  # every plan of the search carries one
-    return plan.evaluation.iteration_time_s
-
-
-def _rerank(evaluator: Evaluator, plans: list[Plan], top_k: int, notify: Progress) -> list[Plan]:
-    """The ``top_k`` best by the simulator among the best ``max(top_k, RERANKED)``
-    layouts by the analytic model, each represented by the plan the simulator finds
-    fastest among its best analytic plan, its best plan with an even split, and the
-    even split on the best plan's placement.
-
-    The solvers minimise the analytic critical path, which flatters unequal chunks
-    under interleaving (docs/design.md; 8.9 % in the agreement benchmark); the simulator,
-    which plays the schedule, has the last word."""
-    by_layout: dict[str, list[Plan]] = {}
-    for plan in sorted(plans, key=_time_then_exact):
-        by_layout.setdefault(plan.layout(), []).append(plan)
-    layouts = list(by_layout.values())[: max(top_k, RERANKED)]
-    ranked = []
-    for i, group in enumerate(layouts):
-        notify("rerank", i + 1, len(layouts))
-        ranked.append(_simulated_best(evaluator, group))
-    return sorted(ranked, key=_time)[: max(top_k, 1)]
-
-
-def _simulated_best(evaluator: Evaluator, group: list[Plan]) -> Plan:
-    first = group[0]
-    even = even_split(evaluator.instance.model.num_layers, first.pp, first.vpp)
-    variants = [first]
-    variants += [p for p in group[1:] if p.layer_split == even][:1]
-    if first.layer_split != even:  # the solver's bound does not cover this variant
-        how = first.solve_info.method if first.solve_info else "search"
-        info = SolveInfo(method=f"{how} + even split", status="heuristic")
-        variants.append(first.model_copy(update={"layer_split": even, "solve_info": info}))
-    best: Plan | None = None
-    for plan in variants:
-        try:
-            evaluation = evaluator.evaluate(plan, "simulator")
-        except PipetteError:
-            continue
-        if not evaluation.fits or check_plan(evaluator.instance, plan):
-            continue
-        if best is None or evaluation.iteration_time_s < _time(best):
-            best = plan.model_copy(update={"evaluation": evaluation})
-    return best if best is not None else first
 
 
 def _nothing_fits(instance: Instance, stats: SearchStats) -> str:

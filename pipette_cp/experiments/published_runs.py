@@ -1,0 +1,290 @@
+"""Baseline accuracy of today's models on ``published_runs_more.csv``.
+
+``python -m pipette_cp.experiments.published_runs`` rebuilds every row that the
+models can express (dense Megatron-style runs) with
+:func:`pipette_cp.experiments.accuracy.row_setup` after completing the row with
+the assumptions below, predicts it with the :class:`~pipette_cp.cost.evaluate.Evaluator`
+and prints, per source family and per side of
+:func:`~pipette_cp.experiments.calibration_split.assign_split`: rows used and
+skipped, throughput MAPE, median predicted/measured throughput, the median
+within-sweep Spearman rank correlation, and the OOM confusion (runs that ran
+out of memory predicted to fit; runs that ran predicted not to fit).
+
+Like-for-like comparisons (each family's convention):
+
+- Hagemann et al. 2023 and DGX Cloud recipes: measured step time vs predicted
+  iteration time (predicted/measured throughput = measured / predicted time),
+  so that neither sheet's FLOP formula enters.
+- BigScience BLOOM: hardware TFLOP/s per GPU as logged (recompute counted).
+
+Assumptions where a row is silent:
+
+- Hagemann sheets: LLaMA-1 shapes (13B: 40 x 5120, 40 heads, ffn 13824; 30B:
+  60 x 6656, 52 heads, ffn 17920), vocabulary 32000, RoPE, RMSNorm, SwiGLU, no
+  biases, untied embeddings; sequence 2048 unless stated; global batch 2048
+  sequences at 2k and 512 at 8k (the sheets' MFU x step time give the same
+  ~4M tokens per step on every row); A100 80GB, 8 per node; ZeRO-1 as the
+  distributed optimizer; FlashAttention only for the flash-attention kernels;
+  sequence parallel as the sheet says (off where it is silent); no TP
+  communication overlap or parameter-gather overlap.
+- DGX Cloud rows: the Megatron-Core settings of ``accuracy.py``; Nemotron-4
+  heads 48 (15B) and 96 (340B) with 8 KV heads; RoPE and no biases for Llama
+  and Nemotron.
+
+Skipped with a counted reason: FSDP rows (llm-foundry), context parallelism,
+runs that failed for a reason other than OOM, layouts the specs reject.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from collections import Counter, defaultdict
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.experiments.accuracy import RowSetup, read_rows, row_setup
+from pipette_cp.experiments.calibration_split import HELD_OUT, assign_split, family, sweep_key
+from pipette_cp.io.paths import INSTANCES_DIR
+from pipette_cp.specs.instance import Instance
+
+#: The bundled copy of the published layout sweeps.
+MORE_CSV = INSTANCES_DIR / "calibration" / "published_runs_more.csv"
+
+#: LLaMA-1 shapes assumed for the Hagemann sheets: layers, hidden, heads, ffn.
+LLAMA1_SHAPES = {"13": (40, 5120, 40, 13824), "30": (60, 6656, 52, 17920)}
+
+#: Query heads assumed for the Nemotron-4 rows (the recipe tables omit them).
+NEMOTRON_HEADS = {"15": 48, "340": 96}
+
+#: Hagemann kernels that are FlashAttention.
+FLASH_KERNELS = ("flash_attention",)
+
+
+class Skip(Exception):
+    """A row today's models cannot express; the message is the counted reason."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One row: measured and predicted throughput (``nan`` for OOM rows), fit."""
+
+    family: str
+    sweep: str
+    side: str
+    oom: bool
+    predicted_fits: bool
+    measured: float
+    predicted: float
+
+    @property
+    def ratio(self) -> float:
+        """Predicted / measured throughput."""
+        return self.predicted / self.measured
+
+
+def _note(notes: str, key: str) -> str | None:
+    found = re.search(rf"{key}=([^;]*)", notes)
+    return found.group(1).strip() if found else None
+
+
+def _check_expressible(row: dict[str, str]) -> None:
+    fam, notes = family(row), row["notes"]
+    if "FSDP" in row["distributed_optimizer_or_zero"]:
+        raise Skip("FSDP (not modelled)")
+    if (_note(notes, "context_parallel") or _note(notes, "cp") or "1") != "1":
+        raise Skip("context parallelism (not modelled)")
+    if fam not in ("hagemann", "bloom", "dgxc"):
+        raise Skip(f"family {fam} (not modelled)")
+    if "OOM" not in notes and "Error" in notes:
+        raise Skip("run failed, not OOM")
+
+
+def complete_row(row: dict[str, str]) -> dict[str, str]:
+    """The row with the module's assumptions filled in where it is silent."""
+    full, fam = dict(row), family(row)
+    if fam == "hagemann":
+        layers, hidden, heads, ffn = LLAMA1_SHAPES[row["params_b"]]
+        seq = int(row["seq_len"] or 2048)
+        full.update(
+            num_layers=str(layers), hidden_size=str(hidden), num_heads=str(heads),
+            ffn_hidden_size=str(ffn), vocab_size="32000", seq_len=str(seq),
+            global_batch_size=str(2048 * 2048 // seq), gpu_type="A100-SXM4",
+        )  # fmt: skip
+    if fam == "dgxc" and not row["num_heads"]:
+        full["num_heads"] = str(NEMOTRON_HEADS[row["params_b"]])
+        full["num_kv_heads"] = "8"
+    if not full["measured_tflops_per_gpu"]:
+        full["measured_tflops_per_gpu"] = "nan"
+    return full
+
+
+def run_setup(row: dict[str, str]) -> RowSetup:
+    """:func:`accuracy.row_setup` of the completed row, adjusted per family."""
+    setup = row_setup(complete_row(row))
+    fam, inst = family(row), setup.instance
+    if fam == "bloom":
+        return setup
+    model = inst.model.model_copy(update={"linear_bias": False})
+    if "Llama" in row["model_name"] or "Nemotron" in row["model_name"]:
+        model = model.model_copy(update={"position_embedding": "rope"})
+    training, plan = inst.training, setup.plan
+    if fam == "hagemann":
+        model = model.model_copy(
+            update={"activation": "swiglu", "norm": "rmsnorm", "position_embedding": "rope"}
+        )
+        training = training.model_copy(
+            update={"tp_comm_overlap": False, "overlap_param_gather": False}
+        )
+        kernel = _note(row["notes"], "kernel") or ""
+        flash = kernel.startswith(FLASH_KERNELS)
+        plan = plan.model_copy(
+            update={"sequence_parallel": row["sequence_parallel"] == "y" and plan.tp > 1,
+                    "flash_attention": flash}
+        )  # fmt: skip
+        training = training.model_copy(update={"flash_attention_available": flash})
+    instance = Instance(name=inst.name, model=model, cluster=inst.cluster, training=training)
+    return replace(setup, instance=instance, plan=plan)
+
+
+def _measured(row: dict[str, str], fam: str) -> float:
+    """Measured throughput in the family's convention (1/step time or TFLOP/s)."""
+    if fam == "bloom":
+        return float(row["measured_tflops_per_gpu"] or "nan")
+    step = _note(row["notes"], "step_time_s")
+    return 1.0 / float(step) if step else math.nan
+
+
+def evaluate_row(row: dict[str, str], side: str) -> RunResult:
+    """Predict one row; raises :class:`Skip` where the models cannot express it."""
+    _check_expressible(row)
+    fam = family(row)
+    try:
+        setup = run_setup(row)
+        evaluation = Evaluator(setup.instance).evaluate(setup.plan)
+    except (ValueError, KeyError) as error:
+        raise Skip(f"layout not expressible ({type(error).__name__})") from error
+    predicted = (
+        evaluation.hardware_tflops_per_gpu if fam == "bloom" else 1.0 / evaluation.iteration_time_s
+    )
+    return RunResult(
+        fam, sweep_key(row), side, "OOM" in row["notes"], evaluation.fits,
+        _measured(row, fam), predicted,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Every evaluated row and the skipped rows by (family, side, reason)."""
+
+    results: tuple[RunResult, ...]
+    skipped: Counter[tuple[str, str, str]]
+
+
+def run_baseline(path: Path = MORE_CSV, limit: int | None = None) -> Baseline:
+    """Evaluate the rows of ``path`` (the first ``limit`` expressible ones if given)."""
+    rows = read_rows(path)
+    sides = assign_split(rows)
+    results: list[RunResult] = []
+    skipped: Counter[tuple[str, str, str]] = Counter()
+    for row, side in zip(rows, sides, strict=True):
+        if limit is not None and len(results) >= limit:
+            break
+        try:
+            results.append(evaluate_row(row, side))
+        except Skip as reason:
+            skipped[(family(row), side, str(reason))] += 1
+    return Baseline(tuple(results), skipped)
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Metrics of one (family, side) cell."""
+
+    used: int
+    skipped: int
+    ran: int
+    mape: float
+    median_ratio: float
+    rank: float
+    oom: int
+    oom_predicted_fit: int
+    ran_predicted_oom: int
+
+
+def summarise(results: list[RunResult], skipped: int) -> Summary:
+    """MAPE, median ratio, median within-sweep rank correlation, OOM confusion."""
+    ran = [r for r in results if not r.oom and math.isfinite(r.measured)]
+    ratios = np.array([r.ratio for r in ran])
+    sweeps: dict[str, list[RunResult]] = defaultdict(list)
+    for r in ran:
+        sweeps[r.sweep].append(r)
+    ranks = [
+        _spearman(np.array([r.measured for r in g]), np.array([r.predicted for r in g]))
+        for g in sweeps.values()
+        if len(g) >= 3
+    ]
+    ooms = [r for r in results if r.oom]
+    return Summary(
+        used=len(results), skipped=skipped, ran=len(ran),
+        mape=float(np.mean(np.abs(ratios - 1))) if len(ran) else math.nan,
+        median_ratio=float(np.median(ratios)) if len(ran) else math.nan,
+        rank=float(np.median(ranks)) if ranks else math.nan,
+        oom=len(ooms), oom_predicted_fit=sum(r.predicted_fits for r in ooms),
+        ran_predicted_oom=sum(not r.predicted_fits for r in ran),
+    )  # fmt: skip
+
+
+def summaries(baseline: Baseline) -> dict[tuple[str, str], Summary]:
+    """One :class:`Summary` per (family, side), families in order of appearance."""
+    cells: dict[tuple[str, str], list[RunResult]] = defaultdict(list)
+    skips: Counter[tuple[str, str]] = Counter()
+    for r in baseline.results:
+        cells[(r.family, r.side)].append(r)
+    for (fam, side, _), count in baseline.skipped.items():
+        skips[(fam, side)] += count
+        cells.setdefault((fam, side), [])
+    return {key: summarise(cells[key], skips[key]) for key in sorted(cells)}
+
+
+def format_baseline(baseline: Baseline) -> str:
+    """The baseline as plain text (the only printer is :func:`main`)."""
+    head = (
+        f"{'family':10s} {'side':9s} {'used':>5s} {'skip':>5s} {'ran':>5s} {'MAPE':>7s} "
+        f"{'med p/m':>8s} {'rank':>6s} {'OOM':>5s} {'OOM->fit':>8s} {'ran->OOM':>8s}"
+    )
+    lines = [head]
+    for (fam, side), s in summaries(baseline).items():
+        lines.append(
+            f"{fam:10s} {side:9s} {s.used:5d} {s.skipped:5d} {s.ran:5d} {100 * s.mape:6.1f}% "
+            f"{s.median_ratio:8.3f} {s.rank:6.2f} {s.oom:5d} {s.oom_predicted_fit:8d} "
+            f"{s.ran_predicted_oom:8d}"
+        )
+    lines.append("\nskipped rows by reason:")
+    reasons: Counter[str] = Counter()
+    for (_, _, reason), count in baseline.skipped.items():
+        reasons[reason] += count
+    lines.extend(f"  {count:4d}  {reason}" for reason, count in reasons.most_common())
+    held = sum(1 for r in baseline.results if r.side == HELD_OUT)
+    lines.append(f"\n{len(baseline.results)} rows evaluated ({held} held out).")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pipette_cp.experiments.published_runs``."""
+    del argv
+    print(format_baseline(run_baseline()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
