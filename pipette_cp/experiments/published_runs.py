@@ -8,7 +8,12 @@ and prints, per source family and per side of
 :func:`~pipette_cp.experiments.calibration_split.assign_split`: rows used and
 skipped, throughput MAPE, median predicted/measured throughput, the median
 within-sweep Spearman rank correlation, and the OOM confusion (runs that ran
-out of memory predicted to fit; runs that ran predicted not to fit).
+out of memory predicted to fit; runs that ran predicted not to fit).  It then
+prints :func:`pipette_cp.experiments.published_runs_report.format_report`: the
+same metrics per attention kernel, recompute, sequence length, GPU type and
+family, the model's pick in every sweep scored against the best run, and the
+memory error on rows with an nvidia-smi reading.  ``--plot FILE.png`` draws
+predicted vs measured throughput, ``--csv FILE`` writes one row per evaluated run.
 
 Like-for-like comparisons (each family's convention):
 
@@ -51,6 +56,7 @@ from pipette_cp.experiments.accuracy import RowSetup, read_rows, row_setup
 from pipette_cp.experiments.calibration_split import HELD_OUT, assign_split, family, sweep_key
 from pipette_cp.io.paths import INSTANCES_DIR
 from pipette_cp.specs.instance import Instance
+from pipette_cp.units import GiB
 
 #: The bundled copy of the published layout sweeps.
 MORE_CSV = INSTANCES_DIR / "calibration" / "published_runs_more.csv"
@@ -71,7 +77,14 @@ class Skip(Exception):
 
 @dataclass(frozen=True)
 class RunResult:
-    """One row: measured and predicted throughput (``nan`` for OOM rows), fit."""
+    """One row: measured and predicted throughput (``nan`` for OOM rows), fit.
+
+    The knobs (``kernel``, ``recompute``, ``seq_len``, ``gpu_type``, ``layout``) are
+    those of the evaluated (completed) row; ``per_gpu`` turns the throughput into
+    a per-GPU one (tokens per second per GPU for step-time families, 1 for BLOOM's
+    TFLOP/s per GPU), so that runs of a weak-scaling sweep compare; memory is in
+    GiB (nvidia-smi's reading, ``nan`` where the row has none).
+    """
 
     family: str
     sweep: str
@@ -80,6 +93,15 @@ class RunResult:
     predicted_fits: bool
     measured: float
     predicted: float
+    kernel: str = ""
+    recompute: str = ""
+    seq_len: int = 0
+    gpu_type: str = ""
+    layout: str = ""
+    per_gpu: float = 1.0
+    predicted_mem_gib: float = math.nan
+    limit_gib: float = math.nan
+    measured_mem_gib: float = math.nan
 
     @property
     def ratio(self) -> float:
@@ -171,10 +193,26 @@ def evaluate_row(row: dict[str, str], side: str) -> RunResult:
     predicted = (
         evaluation.hardware_tflops_per_gpu if fam == "bloom" else 1.0 / evaluation.iteration_time_s
     )
+    full, plan = complete_row(row), setup.plan
+    tokens = int(full["global_batch_size"]) * int(full["seq_len"])
+    gpus = int(row["tp"]) * int(row["pp"]) * int(row["dp"])
+    memory = row["measured_mem_gb_per_gpu"]
     return RunResult(
         fam, sweep_key(row), side, "OOM" in row["notes"], evaluation.fits,
         _measured(row, fam), predicted,
+        kernel=_kernel_label(row, plan.flash_attention), recompute=plan.recompute,
+        seq_len=int(full["seq_len"]), gpu_type=row["gpu_type"], layout=plan.layout(),
+        per_gpu=1.0 if fam == "bloom" else tokens / gpus,
+        predicted_mem_gib=evaluation.memory_bytes_max / GiB,
+        limit_gib=evaluation.memory_limit_bytes / GiB,
+        measured_mem_gib=float(memory) if memory else math.nan,
     )  # fmt: skip
+
+
+def _kernel_label(row: dict[str, str], flash: bool) -> str:
+    """The Hagemann ``kernel=`` note, elsewhere whether FlashAttention is modelled."""
+    kernel = _note(row["notes"], "kernel") if family(row) == "hagemann" else None
+    return kernel or f"flash_attention={'y' if flash else 'n'}"
 
 
 @dataclass(frozen=True)
@@ -280,9 +318,25 @@ def format_baseline(baseline: Baseline) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pipette_cp.experiments.published_runs``."""
-    del argv
-    print(format_baseline(run_baseline()))
+    """``python -m pipette_cp.experiments.published_runs [--plot FILE.png] [--csv FILE]``."""
+    import argparse
+
+    from pipette_cp.experiments import published_runs_report as report
+
+    parser = argparse.ArgumentParser(prog="python -m pipette_cp.experiments.published_runs")
+    parser.add_argument("--plot", type=Path, help="predicted vs measured scatter (PNG)")
+    parser.add_argument("--csv", type=Path, help="one row per evaluated run")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    baseline = run_baseline()
+    print(format_baseline(baseline))
+    print()
+    print(report.format_report(baseline))
+    if args.plot:
+        report.write_plot(baseline.results, args.plot)
+        print(f"\nwrote {args.plot}")
+    if args.csv:
+        report.write_csv(baseline.results, args.csv)
+        print(f"wrote {args.csv}")
     return 0
 
 
