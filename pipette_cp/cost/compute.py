@@ -23,17 +23,19 @@ from pipette_cp.cost.calibration import (
     peak_flops,
 )
 from pipette_cp.cost.flops import ATTENTION_CORE, Gemm, layer_gemms
-from pipette_cp.cost.memory import (
-    padded_vocab_size,
-    stage_params_per_gpu,
-    uses_flash_attention,
+from pipette_cp.cost.kernels import (
+    SOFTMAX_BYTES,
+    attention_kernel,
+    fused_attention_efficiency,
+    norm_bytes,
 )
+from pipette_cp.cost.memory import padded_vocab_size, stage_params_per_gpu
 from pipette_cp.errors import SpecError
 from pipette_cp.specs.gpu import GpuSpec
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.profile import LayerProfile
-from pipette_cp.specs.training import TrainingSpec
+from pipette_cp.specs.training import FUSED_ATTENTION, TrainingSpec
 
 
 # ------------------------------------------------------------------------- timing
@@ -106,8 +108,9 @@ def _elementwise_forward_bytes(model: ModelSpec, training: TrainingSpec, plan: P
     tokens, h, f = s * b, model.hidden_size, model.ffn_hidden_size
     drop = 1.0 if training.dropout else 0.0
     rows = tokens * h / (t if plan.sequence_parallel else 1)
-    # Two norms (read + write 2 B), two bias-dropout-add (x, residual, out, mask).
-    total = rows * (2 * 4.0 + 2 * (6.0 + drop))
+    # Two norms (cost.kernels.norm_bytes: fused, read + write 2 B), two
+    # bias-dropout-add (x, residual, out, mask).
+    total = rows * (2 * norm_bytes(model, training) + 2 * (6.0 + drop))
     # Bias-GeLU reads and writes T f/t; SwiGLU reads 2 T f/t and writes T f/t.
     total += tokens * f / t * (6.0 if model.activation == "swiglu" else 4.0)
     if model.position_embedding == "rope":
@@ -122,16 +125,18 @@ def _attention_core_times(
     """(forward, backward) of the attention core: scores, softmax, dropout, context."""
     s, b, t = training.seq_length, plan.micro_batch_size, plan.tp
     gemms = [g for g in layer_gemms(model, s, b, t) if g.name in ATTENTION_CORE]
-    if uses_flash_attention(training, plan):
+    kernel = attention_kernel(training, plan, gpu)
+    if kernel in FUSED_ATTENTION:
         # FlashAttention (Dao et al. 2022; Dao 2023): causal blocks skipped (half the
         # FLOPs), backward = 2.5 x forward (5 GEMMs instead of 2).
         flops = 0.5 * sum(g.flops for g in gemms)
-        forward = flops / (cal.flash_attention_efficiency * peak_flops(gpu))
+        efficiency = fused_attention_efficiency(kernel, gpu, cal.flash_attention_efficiency)
+        forward = flops / (efficiency * peak_flops(gpu))
         return forward, 2.5 * forward
     drop = 1.0 if training.dropout else 0.0
     scores = b * model.num_attention_heads / t * s * s
-    # Fused scale-mask-softmax reads and writes 2 B; dropout reads 2, writes 2 + 1 (mask).
-    softmax_bytes = scores * (4.0 + 5.0 * drop)
+    # The softmax path (cost.kernels.SOFTMAX_BYTES); dropout reads 2, writes 2 + 1 (mask).
+    softmax_bytes = scores * (SOFTMAX_BYTES[kernel] + 5.0 * drop)
     forward = sum(gemm_time_s(g, gpu, cal) for g in gemms) + _hbm_time_s(softmax_bytes, gpu, cal)
     backward_gemms = sum(gemm_time_s(x, gpu, cal) for g in gemms for x in g.backward())
     return forward, backward_gemms + 2.0 * _hbm_time_s(softmax_bytes, gpu, cal)

@@ -28,6 +28,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from pipette_cp.cost.calibration import MEMORY_CALIBRATION, MemoryCalibration
+from pipette_cp.cost.kernels import unfused_norm_extra_bytes, uses_fused_attention
 from pipette_cp.specs.gpu import GpuSpec
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
@@ -134,8 +135,9 @@ def state_bytes_per_param(training: TrainingSpec, plan: Plan) -> tuple[float, fl
 
 # -------------------------------------------------------------------- activations
 def uses_flash_attention(training: TrainingSpec, plan: Plan) -> bool:
-    """Whether the plan runs FlashAttention: asked for and available on the stack."""
-    return plan.flash_attention and training.flash_attention_available
+    """Whether the plan runs a fused (FlashAttention-style) kernel: asked for, available
+    and fused on the stack (:func:`pipette_cp.cost.kernels.uses_fused_attention`)."""
+    return uses_fused_attention(training, plan)
 
 
 def _full_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
@@ -148,8 +150,8 @@ def _full_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, plan:
     drop = 1.0 if training.dropout else 0.0
     # Korthikanti et al. 2022 sec. 4.1: 2 norm inputs (2sbh each), QKV and FC1 inputs
     # (2sbh each), two 1-byte dropout masks (sbh each) -> 10sbh; replicated over tp
-    # unless sequence parallel.
-    replicated = tokens * h * (8.0 + 2.0 * drop)
+    # unless sequence parallel.  A norm written in PyTorch keeps more (cost.kernels).
+    replicated = tokens * h * (8.0 + 2.0 * drop + 2.0 * unfused_norm_extra_bytes(model, training))
     if plan.sequence_parallel:
         replicated /= t
     # Same source, split over tp: Q, K (2 B each), V (2 B), output-projection input

@@ -29,7 +29,7 @@ Assumptions where a row is silent:
   biases, untied embeddings; sequence 2048 unless stated; global batch 2048
   sequences at 2k and 512 at 8k (the sheets' MFU x step time give the same
   ~4M tokens per step on every row); A100 80GB, 8 per node; ZeRO-1 as the
-  distributed optimizer; FlashAttention only for the flash-attention kernels;
+  distributed optimizer; the sheet's kernel as the stack's attention kernel and norm (HAGEMANN_KERNELS);
   sequence parallel as the sheet says (off where it is silent); no TP
   communication overlap or parameter-gather overlap.
 - DGX Cloud rows: the Megatron-Core settings of ``accuracy.py``; Nemotron-4
@@ -56,6 +56,7 @@ from pipette_cp.experiments.accuracy import RowSetup, read_rows, row_setup
 from pipette_cp.experiments.calibration_split import HELD_OUT, assign_split, family, sweep_key
 from pipette_cp.io.paths import INSTANCES_DIR
 from pipette_cp.specs.instance import Instance
+from pipette_cp.specs.training import FUSED_ATTENTION, AttentionKernel
 from pipette_cp.units import GiB
 
 #: The bundled copy of the published layout sweeps.
@@ -67,8 +68,16 @@ LLAMA1_SHAPES = {"13": (40, 5120, 40, 13824), "30": (60, 6656, 52, 17920)}
 #: Query heads assumed for the Nemotron-4 rows (the recipe tables omit them).
 NEMOTRON_HEADS = {"15": 48, "340": 96}
 
-#: Hagemann kernels that are FlashAttention.
-FLASH_KERNELS = ("flash_attention",)
+#: Hagemann et al.'s ``kernel=`` values as the stack's (attention kernel, fused norm):
+#: PyTorch's own attention, Megatron's fused softmax, FlashAttention 1.0.8 and 2, and
+#: FlashAttention 2 with the fused RMSNorm kernel of the FlashAttention repository.
+HAGEMANN_KERNELS: dict[str, tuple[AttentionKernel, bool]] = {
+    "torch": ("eager", False),
+    "fused": ("fused-softmax", False),
+    "flash_attentionv1.0.8": ("flash1", False),
+    "flash_attention2": ("flash2", False),
+    "flash_attention2 + RMS kernel": ("flash2", True),
+}
 
 
 class Skip(Exception):
@@ -162,13 +171,16 @@ def run_setup(row: dict[str, str]) -> RowSetup:
         training = training.model_copy(
             update={"tp_comm_overlap": False, "overlap_param_gather": False}
         )
-        kernel = _note(row["notes"], "kernel") or ""
-        flash = kernel.startswith(FLASH_KERNELS)
+        kernel, fused_norm = HAGEMANN_KERNELS[(_note(row["notes"], "kernel") or "").strip()]
+        flash = kernel in FUSED_ATTENTION
         plan = plan.model_copy(
             update={"sequence_parallel": row["sequence_parallel"] == "y" and plan.tp > 1,
                     "flash_attention": flash}
         )  # fmt: skip
-        training = training.model_copy(update={"flash_attention_available": flash})
+        training = training.model_copy(
+            update={"flash_attention_available": flash, "attention_kernel": kernel,
+                    "fused_norm": fused_norm}
+        )  # fmt: skip
     instance = Instance(name=inst.name, model=model, cluster=inst.cluster, training=training)
     return replace(setup, instance=instance, plan=plan)
 

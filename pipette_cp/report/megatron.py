@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 
+from pipette_cp.cost.kernels import attention_kernel
 from pipette_cp.solvers.split import megatron_split_args
 from pipette_cp.specs import Instance, Plan
 
@@ -69,6 +70,21 @@ def megatron_notes(instance: Instance, plan: Plan) -> list[str]:
     return notes
 
 
+def attention_args(instance: Instance, plan: Plan) -> list[str]:
+    """``--attention-backend`` for the kernel the plan was costed with
+    (:func:`pipette_cp.cost.kernels.attention_kernel`): ``flash`` for FlashAttention,
+    ``fused`` for cuDNN's fused attention, ``unfused`` otherwise, and
+    ``--no-masked-softmax-fusion`` for PyTorch's separate softmax kernels."""
+    gpu = instance.cluster.gpu_of_node(0)
+    kernel = attention_kernel(instance.training, plan, gpu)
+    if kernel == "cudnn":
+        return ["--attention-backend fused"]
+    if kernel.startswith("flash"):
+        return ["--attention-backend flash"]
+    extra = [] if kernel == "fused-softmax" else ["--no-masked-softmax-fusion"]
+    return ["--attention-backend unfused", *extra]
+
+
 def megatron_args(instance: Instance, plan: Plan) -> list[str]:
     """Every flag: parallel sizes, batch, interleaving, SP, recompute, optimizer, split."""
     t = instance.training
@@ -92,8 +108,7 @@ def megatron_args(instance: Instance, plan: Plan) -> list[str]:
         ]
     if plan.distributed_optimizer:
         args.append("--use-distributed-optimizer")
-    if plan.flash_attention:
-        args.append("--attention-backend flash")
+    args += attention_args(instance, plan)
     if t.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
     if t.overlap_param_gather and plan.distributed_optimizer:

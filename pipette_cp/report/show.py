@@ -59,6 +59,11 @@ def training_table(training: TrainingSpec) -> Table:
             ),
             ("precision / optimizer", f"{training.precision} / {training.optimizer}"),
             ("FlashAttention available", "yes" if training.flash_attention_available else "no"),
+            (
+                "attention kernel",
+                training.attention_kernel or "default (cudnn on Hopper, else flash2)",
+            ),
+            ("norm kernels", "fused" if training.fused_norm else "PyTorch (unfused RMSNorm)"),
         ],
     )
 

@@ -11,6 +11,11 @@ from pipette_cp.specs._base import FrozenSpec
 Precision = Literal["bf16", "fp16"]
 Optimizer = Literal["adam", "sgd"]
 Recompute = Literal["none", "selective", "full"]
+AttentionKernel = Literal[
+    "eager", "sdpa-math", "fused-softmax", "flash1", "flash2", "flash3", "cudnn"
+]
+#: The attention kernels that never store the s x s scores (FlashAttention-style).
+FUSED_ATTENTION: tuple[AttentionKernel, ...] = ("flash1", "flash2", "flash3", "cudnn")
 
 
 class TrainingSpec(FrozenSpec):
@@ -27,6 +32,23 @@ class TrainingSpec(FrozenSpec):
     flash_attention_available: bool = Field(
         default=True,
         description="Whether FlashAttention kernels may be used on this software stack.",
+    )
+    attention_kernel: AttentionKernel | None = Field(
+        default=None,
+        description="The stack's attention kernel: fused (flash1, flash2, flash3 = "
+        "FlashAttention 1/2/3; cudnn = Transformer Engine's cuDNN fused attention), used "
+        "by plans with flash_attention on; or unfused (fused-softmax = Megatron's fused "
+        "scale-mask-softmax; eager, sdpa-math = PyTorch's separate scale, mask, softmax "
+        "and dropout kernels), used by every plan.  Plans with flash_attention off run "
+        "fused-softmax unless an unfused kernel is named.  None: Megatron-Core's default, "
+        "cudnn on Hopper, flash2 elsewhere.",
+    )
+    fused_norm: bool = Field(
+        default=True,
+        description="Fused LayerNorm/RMSNorm kernels (Apex or Transformer Engine, as in "
+        "Megatron).  False: an RMSNorm written in PyTorch (fp32 up-cast, square, mean, "
+        "rsqrt, scale, down-cast: more HBM traffic, and an fp32 copy kept for backward); "
+        "PyTorch's own LayerNorm is one kernel either way.",
     )
     overlap_grad_reduce: bool = Field(
         default=False,

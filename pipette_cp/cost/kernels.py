@@ -1,0 +1,94 @@
+"""Which kernels a plan runs on the software stack, and how fast the fused ones are.
+
+The training spec names the stack's attention kernel and whether the norms are
+fused (:class:`~pipette_cp.specs.training.TrainingSpec`); the plan's
+``flash_attention`` chooses between the fused attention kernel and the unfused
+path.  The time and memory models read the kernel through :func:`attention_kernel`
+and :func:`uses_fused_attention`, so a kernel is named in one place.
+"""
+
+from __future__ import annotations
+
+from pipette_cp.errors import SpecError
+from pipette_cp.specs.gpu import GpuSpec
+from pipette_cp.specs.model import ModelSpec
+from pipette_cp.specs.plan import Plan
+from pipette_cp.specs.training import FUSED_ATTENTION, AttentionKernel, TrainingSpec
+
+#: Fraction of peak reached by fused attention (forward + backward) on Hopper, by kernel.
+#: FlashAttention-2 reaches 35 % of H100 peak and FlashAttention-3 1.5-2.0x that
+#: (Shah et al. 2024, "FlashAttention-3", sec. 1 and 4.1): 0.35 and 0.60;
+#: FlashAttention-2 is about 2x FlashAttention (Dao 2023, sec. 4.1): 0.175.  cuDNN
+#: (Megatron-Core's default on Hopper) takes the calibrated value of the GPU family.
+HOPPER_ATTENTION_EFFICIENCY: dict[str, float] = {"flash1": 0.175, "flash2": 0.35, "flash3": 0.60}
+#: Elsewhere FlashAttention-2 and cuDNN take the calibrated value; FlashAttention 1 half of it.
+FLASH1_RELATIVE = 0.5
+#: HBM bytes per score element of the unfused softmax path, forward, without dropout:
+#: Megatron's fused scale-mask-softmax reads and writes 2 B once; PyTorch's eager path
+#: runs scale, mask and softmax as three kernels (read 2 B + write 2 B each).
+SOFTMAX_BYTES: dict[str, float] = {"fused-softmax": 4.0, "eager": 12.0, "sdpa-math": 12.0}
+#: HBM bytes per element of one RMSNorm forward: fused, read + write 2 B; written in
+#: PyTorch (HF ``LlamaRMSNorm``): up-cast (2 + 4), square (4 + 4), mean (4), scale (4 + 4),
+#: down-cast (4 + 2), weight (2 + 2) = 36 B.
+NORM_BYTES = {True: 4.0, False: 36.0}
+#: Bytes per element one norm keeps for its backward beyond the 2 B input Korthikanti et
+#: al. count: the PyTorch RMSNorm keeps its fp32 up-cast (4 B) and the bf16 normalised
+#: output (2 B) instead of the input (2 B): +4 B.
+UNFUSED_NORM_EXTRA_BYTES = 4.0
+
+
+def is_hopper(gpu: GpuSpec) -> bool:
+    """Whether ``gpu`` is a Hopper part (H100, H200): FlashAttention 3 runs only there."""
+    return any(tag in gpu.name.upper() for tag in ("H100", "H200"))
+
+
+def stack_kernel(training: TrainingSpec, gpu: GpuSpec) -> AttentionKernel:
+    """The stack's attention kernel on ``gpu`` (its default when the spec says none).
+
+    Raises
+    ------
+    SpecError
+        FlashAttention 3 on a GPU other than Hopper.
+    """
+    kernel = training.attention_kernel or ("cudnn" if is_hopper(gpu) else "flash2")
+    if kernel == "flash3" and not is_hopper(gpu):
+        raise SpecError(
+            "training.attention_kernel",
+            kernel,
+            f"FlashAttention 3 runs on Hopper GPUs (H100, H200) only, not {gpu.name}; "
+            f"use one of flash2, flash1, cudnn, fused-softmax, eager, sdpa-math",
+        )
+    return kernel
+
+
+def uses_fused_attention(training: TrainingSpec, plan: Plan) -> bool:
+    """Whether the plan runs a fused attention kernel (no s x s scores stored)."""
+    stack = training.attention_kernel
+    fused = stack is None or stack in FUSED_ATTENTION
+    return plan.flash_attention and training.flash_attention_available and fused
+
+
+def attention_kernel(training: TrainingSpec, plan: Plan, gpu: GpuSpec) -> AttentionKernel:
+    """The attention kernel ``plan`` runs on ``gpu``."""
+    kernel = stack_kernel(training, gpu)
+    if uses_fused_attention(training, plan):
+        return kernel
+    return kernel if kernel not in FUSED_ATTENTION else "fused-softmax"
+
+
+def fused_attention_efficiency(kernel: AttentionKernel, gpu: GpuSpec, calibrated: float) -> float:
+    """Fraction of peak of a fused kernel (``calibrated``: the GPU family's fitted value,
+    that of Megatron-Core's default kernel there)."""
+    if is_hopper(gpu):
+        return HOPPER_ATTENTION_EFFICIENCY.get(kernel, calibrated)
+    return FLASH1_RELATIVE * calibrated if kernel == "flash1" else calibrated
+
+
+def norm_bytes(model: ModelSpec, training: TrainingSpec) -> float:
+    """HBM bytes per element of one norm's forward (PyTorch's LayerNorm is one kernel)."""
+    return NORM_BYTES[training.fused_norm or model.norm != "rmsnorm"]
+
+
+def unfused_norm_extra_bytes(model: ModelSpec, training: TrainingSpec) -> float:
+    """Bytes per element one norm keeps beyond its input (0 when fused)."""
+    return 0.0 if training.fused_norm or model.norm != "rmsnorm" else UNFUSED_NORM_EXTRA_BYTES
