@@ -44,7 +44,9 @@ def test_default_kernel_is_megatron_cores():
 
 def test_flash3_needs_hopper():
     assert stack_kernel(_train(attention_kernel="flash3"), H100) == "flash3"
-    with pytest.raises(SpecError, match="training.attention_kernel='flash3': FlashAttention 3 runs on Hopper"):
+    with pytest.raises(
+        SpecError, match=r"training\.attention_kernel='flash3': FlashAttention 3 runs on Hopper"
+    ):
         _layer_s(_train(attention_kernel="flash3"), A100)
 
 
