@@ -23,6 +23,7 @@ from pipette_cp.cost.calibration import (
     peak_flops,
 )
 from pipette_cp.cost.flops import ATTENTION_CORE, Gemm, layer_gemms
+from pipette_cp.cost.framework import framework_calibration
 from pipette_cp.cost.kernels import (
     SOFTMAX_BYTES,
     attention_kernel,
@@ -165,8 +166,10 @@ def layer_times(
     tp_bandwidth_bytes_per_s: float,
     calibration: GpuCalibration | None = None,
 ) -> LayerTimes:
-    """Analytic forward/backward/recompute time of one layer for one micro-batch."""
-    cal = calibration or calibration_for(gpu)
+    """Analytic forward/backward/recompute time of one layer for one micro-batch
+    (``calibration``, if given, is used as it is; by default the GPU's, scaled by the
+    training framework's compute efficiency, :mod:`pipette_cp.cost.framework`)."""
+    cal = calibration or framework_calibration(calibration_for(gpu), training)
     s, b, t = training.seq_length, plan.micro_batch_size, plan.tp
     dense = [g for g in layer_gemms(model, s, b, t) if g.name not in ATTENTION_CORE]
     core_fwd, core_bwd = _attention_core_times(model, training, gpu, plan, cal)
@@ -295,14 +298,15 @@ def chunk_times(
         measured too, or added analytically when ``profile.includes_tp_comm`` is
         false, see :func:`measured_layer_times`).
     calibration
-        Compute parameters (default: the fitted table entry of ``gpu``).
+        Compute parameters (default: the fitted table entry of ``gpu``), scaled by the
+        training framework's compute efficiency (:mod:`pipette_cp.cost.framework`).
 
     Raises
     ------
     SpecError
         A non-positive TP bandwidth with ``tp > 1``, or a profile without the plan.
     """
-    cal = calibration or calibration_for(gpu)
+    cal = framework_calibration(calibration or calibration_for(gpu), training)
     if plan.tp > 1 and not tp_bandwidth_bytes_per_s > 0:
         raise SpecError(
             "tp_bandwidth_bytes_per_s",

@@ -28,6 +28,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from pipette_cp.cost.calibration import MEMORY_CALIBRATION, MemoryCalibration
+from pipette_cp.cost.framework import resolve_framework
 from pipette_cp.cost.kernels import unfused_norm_extra_bytes, uses_fused_attention
 from pipette_cp.specs.gpu import GpuSpec
 from pipette_cp.specs.model import ModelSpec
@@ -124,13 +125,16 @@ def state_bytes_per_param(training: TrainingSpec, plan: Plan) -> tuple[float, fl
     """(weight, gradient, optimizer-state) bytes per parameter on one GPU.
 
     Megatron mixed precision: 2 + 4 + 12 = 18 B (Adam) or 2 + 4 + 8 (SGD with
-    momentum); the distributed optimizer divides the optimizer part by dp
+    momentum), or the framework's own (:mod:`pipette_cp.cost.framework`); the
+    distributed optimizer divides the optimizer part by dp
     (megatron/training/theoretical_memory_usage.py: 18, or 6 + 12/dp).
     """
-    optimizer = 12.0 if training.optimizer == "adam" else 8.0
+    fw = resolve_framework(training.framework)
+    moments = fw.optimizer_state_bytes * (1.0 if training.optimizer == "adam" else 0.5)
+    optimizer = fw.master_weight_bytes + moments
     if plan.distributed_optimizer:
         optimizer /= plan.dp
-    return 2.0, 4.0, optimizer
+    return fw.weight_bytes, fw.gradient_bytes, optimizer
 
 
 # -------------------------------------------------------------------- activations

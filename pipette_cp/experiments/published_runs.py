@@ -1,6 +1,6 @@
 """Baseline accuracy of today's models on ``published_runs_more.csv``.
 
-``python -m pipette_cp.experiments.published_runs`` rebuilds every row that the
+``python -m pipette_cp.experiments.published_runs_report`` rebuilds every row that the
 models can express (dense Megatron-style runs) with
 :func:`pipette_cp.experiments.accuracy.row_setup` after completing the row with
 the assumptions below, predicts it with the :class:`~pipette_cp.cost.evaluate.Evaluator`
@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -56,7 +55,7 @@ from pipette_cp.experiments.accuracy import RowSetup, read_rows, row_setup
 from pipette_cp.experiments.calibration_split import HELD_OUT, assign_split, family, sweep_key
 from pipette_cp.io.paths import INSTANCES_DIR
 from pipette_cp.specs.instance import Instance
-from pipette_cp.specs.training import FUSED_ATTENTION, AttentionKernel
+from pipette_cp.specs.training import FUSED_ATTENTION, AttentionKernel, FrameworkProfile
 from pipette_cp.units import GiB
 
 #: The bundled copy of the published layout sweeps.
@@ -154,12 +153,34 @@ def complete_row(row: dict[str, str]) -> dict[str, str]:
     return full
 
 
-def run_setup(row: dict[str, str]) -> RowSetup:
-    """:func:`accuracy.row_setup` of the completed row, adjusted per family."""
+#: The framework of each source family (:data:`pipette_cp.cost.framework.FRAMEWORKS`).
+FAMILY_FRAMEWORK = {
+    "hagemann": "aleph-alpha",
+    "bloom": "megatron-deepspeed",
+    "dgxc": "nemo",
+    "mpt": "fsdp",
+}
+
+
+def fit_compute_efficiency(baseline: Baseline) -> dict[str, float]:
+    """Per framework, ``1 / median(predicted / measured)`` over the fit side's runs that
+    ran (a baseline evaluated at compute efficiency 1)."""
+    ratios: dict[str, list[float]] = defaultdict(list)
+    for r in baseline.results:
+        if r.side != HELD_OUT and not r.oom and r.measured > 0 and math.isfinite(r.measured):
+            ratios[FAMILY_FRAMEWORK[r.family]].append(r.predicted / r.measured)
+    return {name: float(1.0 / np.median(v)) for name, v in sorted(ratios.items())}
+
+
+def run_setup(row: dict[str, str], compute_efficiency: float | None = None) -> RowSetup:
+    """:func:`accuracy.row_setup` of the completed row, adjusted per family
+    (``compute_efficiency`` overrides the framework's: 1.0 to fit it)."""
     setup = row_setup(complete_row(row))
     fam, inst = family(row), setup.instance
+    framework = FrameworkProfile(name=FAMILY_FRAMEWORK[fam], compute_efficiency=compute_efficiency)
     if fam == "bloom":
-        return setup
+        training = inst.training.model_copy(update={"framework": framework})
+        return replace(setup, instance=inst.model_copy(update={"training": training}))
     model = inst.model.model_copy(update={"linear_bias": False})
     if "Llama" in row["model_name"] or "Nemotron" in row["model_name"]:
         model = model.model_copy(update={"position_embedding": "rope"})
@@ -181,6 +202,7 @@ def run_setup(row: dict[str, str]) -> RowSetup:
             update={"flash_attention_available": flash, "attention_kernel": kernel,
                     "fused_norm": fused_norm}
         )  # fmt: skip
+    training = training.model_copy(update={"framework": framework})
     instance = Instance(name=inst.name, model=model, cluster=inst.cluster, training=training)
     return replace(setup, instance=instance, plan=plan)
 
@@ -193,12 +215,14 @@ def _measured(row: dict[str, str], fam: str) -> float:
     return 1.0 / float(step) if step else math.nan
 
 
-def evaluate_row(row: dict[str, str], side: str) -> RunResult:
+def evaluate_row(
+    row: dict[str, str], side: str, compute_efficiency: float | None = None
+) -> RunResult:
     """Predict one row; raises :class:`Skip` where the models cannot express it."""
     _check_expressible(row)
     fam = family(row)
     try:
-        setup = run_setup(row)
+        setup = run_setup(row, compute_efficiency)
         evaluation = Evaluator(setup.instance).evaluate(setup.plan)
     except (ValueError, KeyError) as error:
         raise Skip(f"layout not expressible ({type(error).__name__})") from error
@@ -235,7 +259,9 @@ class Baseline:
     skipped: Counter[tuple[str, str, str]]
 
 
-def run_baseline(path: Path = MORE_CSV, limit: int | None = None) -> Baseline:
+def run_baseline(
+    path: Path = MORE_CSV, limit: int | None = None, compute_efficiency: float | None = None
+) -> Baseline:
     """Evaluate the rows of ``path`` (the first ``limit`` expressible ones if given)."""
     rows = read_rows(path)
     sides = assign_split(rows)
@@ -245,7 +271,7 @@ def run_baseline(path: Path = MORE_CSV, limit: int | None = None) -> Baseline:
         if limit is not None and len(results) >= limit:
             break
         try:
-            results.append(evaluate_row(row, side))
+            results.append(evaluate_row(row, side, compute_efficiency))
         except Skip as reason:
             skipped[(family(row), side, str(reason))] += 1
     return Baseline(tuple(results), skipped)
@@ -327,30 +353,3 @@ def format_baseline(baseline: Baseline) -> str:
     held = sum(1 for r in baseline.results if r.side == HELD_OUT)
     lines.append(f"\n{len(baseline.results)} rows evaluated ({held} held out).")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m pipette_cp.experiments.published_runs [--plot FILE.png] [--csv FILE]``."""
-    import argparse
-
-    from pipette_cp.experiments import published_runs_report as report
-
-    parser = argparse.ArgumentParser(prog="python -m pipette_cp.experiments.published_runs")
-    parser.add_argument("--plot", type=Path, help="predicted vs measured scatter (PNG)")
-    parser.add_argument("--csv", type=Path, help="one row per evaluated run")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    baseline = run_baseline()
-    print(format_baseline(baseline))
-    print()
-    print(report.format_report(baseline))
-    if args.plot:
-        report.write_plot(baseline.results, args.plot)
-        print(f"\nwrote {args.plot}")
-    if args.csv:
-        report.write_csv(baseline.results, args.csv)
-        print(f"wrote {args.csv}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))

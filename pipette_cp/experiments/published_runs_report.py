@@ -1,6 +1,6 @@
 """The accuracy report of :mod:`pipette_cp.experiments.published_runs` (measurement only).
 
-Printed by ``python -m pipette_cp.experiments.published_runs`` after the per-family
+Printed by ``python -m pipette_cp.experiments.published_runs_report`` after the per-family
 table, each part separately for the fit and the held-out side:
 
 - Per-knob breakdowns (:data:`KNOBS`): attention kernel (the Hagemann ``kernel=``
@@ -23,8 +23,10 @@ family, one marker per side, the y = x line) with matplotlib's Agg canvas;
 
 from __future__ import annotations
 
+import argparse
 import csv
 import math
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -33,7 +35,14 @@ from pathlib import Path
 import numpy as np
 
 from pipette_cp.experiments.calibration_split import FIT, HELD_OUT
-from pipette_cp.experiments.published_runs import Baseline, RunResult, summarise
+from pipette_cp.experiments.published_runs import (
+    Baseline,
+    RunResult,
+    fit_compute_efficiency,
+    format_baseline,
+    run_baseline,
+    summarise,
+)
 
 SIDES = (FIT, HELD_OUT)
 
@@ -223,7 +232,7 @@ def format_memory(results: Sequence[RunResult]) -> str:
 
 
 def format_report(baseline: Baseline) -> str:
-    """Breakdowns, picks and memory as plain text (printed by ``published_runs.main``)."""
+    """Breakdowns, picks and memory as plain text (printed by :func:`main`)."""
     results = baseline.results
     parts = [
         f"== by {title}\n{format_breakdown(results, title, key)}" for title, key in KNOBS.items()
@@ -291,3 +300,34 @@ def write_csv(results: Iterable[RunResult], path: Path) -> None:
                     "OOM" if r.oom else "ran",
                 ]
             )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pipette_cp.experiments.published_runs_report [--plot FILE.png] [--csv FILE]``."""
+    parser = argparse.ArgumentParser(prog="python -m pipette_cp.experiments.published_runs_report")
+    parser.add_argument("--plot", type=Path, help="predicted vs measured scatter (PNG)")
+    parser.add_argument("--csv", type=Path, help="one row per evaluated run")
+    parser.add_argument(
+        "--fit", action="store_true", help="fit each framework's compute efficiency"
+    )
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.fit:
+        fitted = fit_compute_efficiency(run_baseline(compute_efficiency=1.0))
+        for name, eff in fitted.items():
+            print(f"{name:20s} compute_efficiency {eff:.3f}")
+        return 0
+    baseline = run_baseline()
+    print(format_baseline(baseline))
+    print()
+    print(format_report(baseline))
+    if args.plot:
+        write_plot(baseline.results, args.plot)
+        print(f"\nwrote {args.plot}")
+    if args.csv:
+        write_csv(baseline.results, args.csv)
+        print(f"wrote {args.csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

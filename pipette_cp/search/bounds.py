@@ -5,9 +5,11 @@ with them never loses the optimum:
 
 * memory: each model chunk holds at least one layer and memory grows with
   layers, so if some stage does not fit with one layer per chunk, no split
-  fits; with ``vpp = 1`` memory is affine in the stage's layer count, which
-  gives every stage a capacity, and the split exists iff the capacities add up
-  to the model's layers;
+  fits; a stage's memory is affine in its layer count ``n`` and its largest
+  chunk (at least ``n / vpp`` layers), so it is at least the line through one
+  and two layers per chunk, which gives every stage a capacity, and a split can
+  exist only if the capacities add up to the model's layers (with ``vpp = 1``:
+  iff);
 * time: the busiest stage does at least the average work, and under 1F1B the
   critical path holds at least ``(m + p - 1)`` such stage-steps (the fill and
   drain bubble): ``T >= (m + p - 1) * W / p`` with ``W`` the forward+backward
@@ -43,26 +45,29 @@ def _limit(instance: Instance) -> float:
 
 
 def memory_check(instance: Instance, plan: Plan) -> MemoryCheck:
-    """Is there a layer split of ``plan`` whose every stage fits in memory?"""
+    """Can a layer split of ``plan`` have every stage fit in memory?  ``deficit_bytes``:
+    the smallest extra memory per GPU that lets the capacities add up (a lower bound
+    of what the best split misses by)."""
     model, training = instance.model, instance.training
-    chunks = plan.pp * plan.vpp
-    limit = _limit(instance)
+    chunks, v = plan.pp * plan.vpp, plan.vpp
     if model.num_layers < chunks:
         return MemoryCheck(False, math.inf)
     ones = plan.model_copy(update={"layer_split": (1,) * chunks})
-    low = np.array([b.total_bytes for b in memory_by_stage(model, training, ones)])
-    if (low > limit).any():
-        return MemoryCheck(False, float(low.max() - limit))
-    if plan.vpp > 1:
-        return MemoryCheck(True, 0.0)  # the split solver decides exactly
     twos = plan.model_copy(update={"layer_split": (2,) * chunks})
-    slope = np.array([b.total_bytes for b in memory_by_stage(model, training, twos)]) - low
-    capacity = 1 + np.floor((limit - low) / np.maximum(slope, 1.0))
-    short = model.num_layers - int(np.minimum(capacity, model.num_layers).sum())
-    if short <= 0:
+    low = np.array([b.total_bytes for b in memory_by_stage(model, training, ones)])
+    high = np.array([b.total_bytes for b in memory_by_stage(model, training, twos)])
+    # stage memory >= low + slope * (n - v): per layer, its state and 1/v of a chunk's
+    slope = np.maximum((high - low) / v, 1.0)
+    extra = model.num_layers - chunks  # layers beyond one per chunk
+    over = low - _limit(instance)  # memory missing with one layer per chunk
+    room = np.floor(-over / slope)
+    if (over <= 0).all() and np.minimum(room, extra).sum() >= extra:
         return MemoryCheck(True, 0.0)
-    # the stages must hold `short` more layers: the cheapest extra memory per GPU
-    return MemoryCheck(False, float(np.sort(slope)[: max(1, short // plan.pp)].max()))
+    # the j-th extra layer of stage s needs over[s] + j * slope[s] more per GPU: the
+    # deficit is the extra-th smallest of these (every stage first holding one per chunk)
+    needs = over[:, None] + slope[:, None] * np.arange(1, extra + 1)
+    kth = float(np.partition(needs.ravel(), extra - 1)[extra - 1]) if extra else 0.0
+    return MemoryCheck(False, max(float(over.max()), kth, 0.0))
 
 
 def time_lower_bound(instance: Instance, plan: Plan) -> float:

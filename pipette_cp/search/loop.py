@@ -28,6 +28,7 @@ from pipette_cp.checker import check_plan
 from pipette_cp.cost.evaluate import Evaluator, validate_layout
 from pipette_cp.errors import InfeasibleError, LayoutError, PipetteError
 from pipette_cp.search.bounds import memory_check, time_lower_bound
+from pipette_cp.search.capacity import capacity_error, knob_hints
 from pipette_cp.search.rerank import plan_time, rerank
 from pipette_cp.search.space import enumerate_layouts
 from pipette_cp.search.sweep import SWEPT_METHODS, Candidate, sweep
@@ -104,10 +105,15 @@ def search(
     Raises
     ------
     InfeasibleError
-        When no layout fits in memory; the message names the smallest deficit and
-        what would make a layout fit.
+        When no layout fits in memory: the model's whole-model deficit when even
+        maximal sharding does not fit (:mod:`~pipette_cp.search.capacity`), else the
+        smallest deficit of a layout and what would make one fit.
     """
     start = time.perf_counter()
+    space = space or instance.search_space
+    too_big = capacity_error(instance, space)
+    if too_big:  # no layout can fit: say so before enumerating them
+        raise InfeasibleError(too_big)
     if time_limit_s is None:
         time_limit_s = default_time_limit_s(instance)
     solve = get_method(method)
@@ -135,7 +141,7 @@ def search(
             continue
         survivors.append((time_lower_bound(instance, plan), plan))
     if not survivors:
-        raise InfeasibleError(_nothing_fits(instance, stats))
+        raise InfeasibleError(_nothing_fits(instance, space, stats))
     survivors.sort(key=lambda item: item[0])
     score_until = start + SCORE_SHARE * time_limit_s
     candidates = _score(evaluator, survivors, stats, notify, score_until)
@@ -168,13 +174,13 @@ def search(
             f"the {len(survivors)} layouts that may fit was solved; give a longer --time-limit"
         )
     if not plans and not stats.crossed_failed_links:
-        raise InfeasibleError(_nothing_fits(instance, stats))
+        raise InfeasibleError(_nothing_fits(instance, space, stats))
     if not plans:
         raise InfeasibleError(
             f"nothing fits or avoids the failed links: {len(survivors)} layouts pass the memory "
             f"lower bound, but {method} found no plan on the {stats.method_failures} it tried, "
             f"nor does Megatron's default on any scored one; "
-            + ", ".join(_hints(instance))
+            + ", ".join(knob_hints(space))
             + ", or try another --method or a longer --time-limit"
         )
     ranked = rerank(evaluator, plans, top_k, notify)
@@ -331,29 +337,18 @@ def _as_fallback(evaluator: Evaluator, plan: Plan, how: str) -> Plan:
     return plan.model_copy(update={"evaluation": evaluator.evaluate(plan), "solve_info": info})
 
 
-def _nothing_fits(instance: Instance, stats: SearchStats) -> str:
-    """One line: the smallest deficit and what would make a layout fit."""
+def _nothing_fits(instance: Instance, space: SearchSpace, stats: SearchStats) -> str:
+    """One line: the model's deficit if no layout can fit, else the smallest deficit
+    of a layout and what would make one fit."""
+    too_big = capacity_error(instance, space)
+    if too_big:
+        return too_big
     if not math.isfinite(stats.smallest_deficit_bytes):
         return (
             f"no valid layout of {instance.model.name} on {instance.cluster.num_gpus} GPUs in the "
             f"search space ({stats.layouts} layouts, {stats.invalid} invalid); widen the search space"
         )
-    hints = _hints(instance)
     return (
         f"nothing fits in memory: the closest layout ({stats.deficit_layout}) needs "
-        f"{stats.smallest_deficit_bytes / 1e9:.2f} GB more per GPU; " + ", ".join(hints)
+        f"{stats.smallest_deficit_bytes / 1e9:.2f} GB more per GPU; " + ", ".join(knob_hints(space))
     )
-
-
-def _hints(instance: Instance) -> list[str]:
-    """The changes that could make a layout fit."""
-    space = instance.search_space
-    hints = []
-    if "full" not in space.recompute:
-        hints.append("allow --recompute full")
-    if True not in space.distributed_optimizer:
-        hints.append("allow the distributed optimizer")
-    if 1 not in space.micro_batch_size:
-        hints.append("allow micro-batch 1")
-    hints.append("use more GPUs or GPUs with more memory")
-    return hints

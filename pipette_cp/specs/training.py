@@ -18,6 +18,42 @@ AttentionKernel = Literal[
 FUSED_ATTENTION: tuple[AttentionKernel, ...] = ("flash1", "flash2", "flash3", "cudnn")
 
 
+class FrameworkProfile(FrozenSpec):
+    """The training framework: a catalogue name, with any of its values overridden.
+
+    ``None`` fields take the named framework's values
+    (:data:`pipette_cp.cost.framework.FRAMEWORKS`); a name outside the catalogue
+    needs every field.
+    """
+
+    name: str = Field(
+        default="megatron-core",
+        description="megatron-core, megatron-lm, nemo, megatron-deepspeed, aleph-alpha, or "
+        "a new name with every other field given.",
+    )
+    compute_efficiency: float | None = Field(
+        default=None,
+        gt=0,
+        le=2,
+        description="Speed of the framework's layer compute relative to Megatron-Core's "
+        "(1.0, the calibrated compute model), fitted per framework on published runs.",
+    )
+    weight_bytes: float | None = Field(
+        default=None, gt=0, description="Bytes per parameter of the compute weights (bf16: 2)."
+    )
+    gradient_bytes: float | None = Field(
+        default=None, gt=0, description="Bytes per parameter of the gradient buffer (fp32: 4)."
+    )
+    master_weight_bytes: float | None = Field(
+        default=None, ge=0, description="Bytes per parameter of the fp32 master weights (4)."
+    )
+    optimizer_state_bytes: float | None = Field(
+        default=None,
+        ge=0,
+        description="Bytes per parameter of Adam's two fp32 moments (8); SGD keeps half.",
+    )
+
+
 class TrainingSpec(FrozenSpec):
     """One training job's fixed settings (what the layout search must not change)."""
 
@@ -65,6 +101,16 @@ class TrainingSpec(FrozenSpec):
     dropout: bool = Field(
         default=True, description="Whether dropout masks are kept (Korthikanti et al. assume so)."
     )
+    framework: FrameworkProfile = Field(
+        default_factory=FrameworkProfile,
+        description="The training framework (a name, or a mapping of FrameworkProfile "
+        "fields): state bytes per parameter and compute speed.",
+    )
+
+    @field_validator("framework", mode="before")
+    @classmethod
+    def _framework_by_name(cls, value: object) -> object:
+        return {"name": value} if isinstance(value, str) else value
 
 
 class SearchSpace(FrozenSpec):

@@ -1,0 +1,64 @@
+"""Training frameworks: by name, overridden field by field, fitted on published runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipette_cp.cost.compute import layer_times
+from pipette_cp.cost.framework import FRAMEWORKS, resolve_framework
+from pipette_cp.cost.memory import state_bytes_per_param
+from pipette_cp.errors import SpecError
+from pipette_cp.experiments.published_runs import fit_compute_efficiency, run_baseline
+from pipette_cp.specs import ModelSpec, TrainingSpec, resolve_gpu
+from pipette_cp.specs.layouts import make_plan
+from pipette_cp.specs.training import FrameworkProfile
+
+PLAN = make_plan(num_layers=4, dp=8, pp=1, tp=1, micro_batch_size=1, distributed_optimizer=True)
+
+
+def _train(framework) -> TrainingSpec:
+    return TrainingSpec(global_batch_size=64, seq_length=2048, framework=framework)
+
+
+def test_megatron_default_is_18_bytes_per_parameter():
+    assert state_bytes_per_param(_train("megatron-core"), PLAN.model_copy(
+        update={"distributed_optimizer": False})) == (2.0, 4.0, 12.0)  # fmt: skip
+    assert state_bytes_per_param(_train("megatron-core"), PLAN) == (2.0, 4.0, 12.0 / 8)
+
+
+def test_a_name_or_a_mapping_with_overrides():
+    fw = resolve_framework(_train({"name": "nemo", "gradient_bytes": 2}).framework)
+    assert (fw.name, fw.gradient_bytes, fw.compute_efficiency) == (
+        "nemo",
+        2.0,
+        FRAMEWORKS["nemo"].compute_efficiency,
+    )
+    assert state_bytes_per_param(_train({"name": "nemo", "gradient_bytes": 2}), PLAN)[1] == 2.0
+
+
+def test_unknown_framework_needs_every_field():
+    with pytest.raises(SpecError, match=r"training\.framework\.name='fsdp': unknown framework"):
+        resolve_framework(FrameworkProfile(name="fsdp"))
+    custom = FrameworkProfile(name="mine", compute_efficiency=0.8, weight_bytes=2,
+                              gradient_bytes=2, master_weight_bytes=4, optimizer_state_bytes=8)  # fmt: skip
+    assert resolve_framework(custom).compute_efficiency == 0.8
+
+
+def test_compute_efficiency_scales_the_layer_time():
+    model = ModelSpec(name="m", num_layers=4, hidden_size=2048, num_attention_heads=16,
+                      ffn_hidden_size=8192, vocab_size=32000, max_seq_length=2048)  # fmt: skip
+    gpu = resolve_gpu("a100")
+
+    def total(framework) -> float:
+        t = layer_times(model, _train(framework), gpu, PLAN, 150e9)
+        return t.forward_s + t.backward_s
+
+    slow = FrameworkProfile(name="megatron-core", compute_efficiency=0.5)
+    assert total(slow) == pytest.approx(2 * total("megatron-core"))
+
+
+def test_catalogue_efficiencies_are_the_fit():
+    """The fitted values in the catalogue are what the fit command gives (to 0.002)."""
+    fitted = fit_compute_efficiency(run_baseline(compute_efficiency=1.0))
+    for name, eff in fitted.items():
+        assert FRAMEWORKS[name].compute_efficiency == pytest.approx(eff, abs=2e-3), name
