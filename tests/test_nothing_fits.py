@@ -125,7 +125,7 @@ def test_a_huge_model_on_a_small_cluster_names_the_real_deficit(tmp_path: Path) 
     assert code == 3, out
     (line,) = [x for x in out.splitlines() if x.strip()]
     match = re.fullmatch(
-        r"error: gpt3-175b needs at least ([\d.]+) GB per GPU even at maximal sharding "
+        r"error: nothing fits in memory: gpt3-175b needs at least ([\d.]+) GB per GPU even at maximal sharding "
         r"\((\d+) GB across 16 GPUs\), the A100-SXM4-80GB has ([\d.]+) GB usable: "
         r"at least (\d+) such GPUs are needed, the cluster has 16",
         line,

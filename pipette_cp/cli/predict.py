@@ -34,6 +34,13 @@ class RecomputeChoice(StrEnum):
     full = "full"
 
 
+class ShardingChoice(StrEnum):
+    none = "none"
+    optim = "optim"
+    optim_grads = "optim_grads"
+    optim_grads_params = "optim_grads_params"
+
+
 class Predictor(StrEnum):
     analytic = "analytic"
     simulator = "simulator"
@@ -70,6 +77,13 @@ def predict(
     flash_attn: Annotated[
         bool, typer.Option("--flash-attn/--no-flash-attn", help="FlashAttention.")
     ] = True,
+    dp_sharding: Annotated[
+        ShardingChoice | None,
+        typer.Option(
+            help="Data-parallel sharding: none, optim (ZeRO-1), optim_grads (ZeRO-2), "
+            "optim_grads_params (ZeRO-3); overrides --dist-opt."
+        ),
+    ] = None,
     placement: Annotated[
         str,
         typer.Option(
@@ -125,6 +139,7 @@ def predict(
             sequence_parallel=sp,
             recompute=recompute.value,
             distributed_optimizer=dist_opt,
+            dp_sharding=None if dp_sharding is None else dp_sharding.value,
             flash_attention=flash_attn,
             layer_split=_split(split),
             placement=placed,

@@ -20,7 +20,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from pipette_cp.cost import comm
-from pipette_cp.cost.compute import chunk_times, optimizer_step_time_s
+from pipette_cp.cost.compute import chunk_times, layer_times, optimizer_step_time_s
 from pipette_cp.cost.flops import hardware_flops_per_iteration, model_flops_per_iteration
 from pipette_cp.cost.layout_check import (
     FlowTemplate,
@@ -32,6 +32,7 @@ from pipette_cp.cost.layout_check import (
     validate_layout,
 )
 from pipette_cp.cost.memory import (
+    layer_params_per_gpu,
     memory_by_stage,
     padded_vocab_size,
     stage_params_per_gpu,
@@ -44,6 +45,7 @@ from pipette_cp.errors import InfeasibleError
 from pipette_cp.specs.instance import Instance
 from pipette_cp.specs.plan import Evaluation, Plan
 from pipette_cp.specs.profile import LayerProfile
+from pipette_cp.specs.training import GRADIENT_SHARDING
 from pipette_cp.units import BYTES_PER_ELEMENT, TFLOPS
 
 __all__ = [
@@ -62,7 +64,7 @@ def _knobs(plan: Plan) -> tuple:
     """Everything of a plan but its placement (the cache key of placement-free costs)."""
     return (
         plan.dp, plan.pp, plan.tp, plan.micro_batch_size, plan.vpp, plan.sequence_parallel,
-        plan.recompute, plan.distributed_optimizer, plan.flash_attention, plan.layer_split,
+        plan.recompute, plan.sharding, plan.flash_attention, plan.layer_split,
     )  # fmt: skip
 
 
@@ -75,6 +77,7 @@ class _Stages(NamedTuple):
     tp_comm_s: np.ndarray
     busy_s: float
     busy_tp_s: float
+    busy_dp_s: float = 0.0
 
 
 class Evaluator:
@@ -178,6 +181,13 @@ class Evaluator:
         elem = BYTES_PER_ELEMENT[training.precision]
         grad_bytes = 4.0 if training.precision == "bf16" else float(elem)
         sizes = np.repeat(params, plan.tp)
+        if plan.sharding in GRADIENT_SHARDING:
+            # ZeRO-2/3 reduce-scatter every micro-batch's gradients in the backward
+            # (:meth:`_sharded_exposure`); ZeRO-2 still gathers the updated parameters
+            # after the step, ZeRO-3 gathers them layer by layer when they are used.
+            sync = np.zeros_like(sizes)
+            gather = sizes * elem if plan.sharding == "optim_grads" else np.zeros_like(sizes)
+            return [("reduce_scatter", sync), ("all_gather", gather)]
         ops: list[tuple[comm.Collective, np.ndarray]] = [
             ("reduce_scatter" if plan.distributed_optimizer else "all_reduce", sizes * grad_bytes)
         ]
@@ -207,6 +217,36 @@ class Evaluator:
                         pass  # the two-level links include a failed pair; the ring is fine
             out[i] = t.reshape(pp, tp).max(axis=1)
         return out[0], out[1]
+
+    def _sharded_exposure(
+        self, plan: Plan, stages: _Stages, stage_gpu: list, stage_bw: np.ndarray, rings: tuple
+    ) -> _Stages:
+        """ZeRO-2/3: per micro-batch and layer, the gradient reduce-scatter (and with
+        ZeRO-3 the parameter all-gather, in the forward and again in the backward) over
+        the DP ring, overlapped with that layer's compute; what the compute cannot hide
+        is added to the stage's forward/backward (exposed = max(0, comm - compute), per
+        layer, so linear in the layers).  ZeRO-2/3 need pp = 1 (check_knobs)."""
+        model, training = self.instance.model, self.instance.training
+        elem = BYTES_PER_ELEMENT[training.precision]
+        grad_bytes = 4.0 if training.precision == "bf16" else float(elem)
+        layer = np.full(plan.pp * plan.tp, layer_params_per_gpu(model, plan.tp))
+        ops: list[tuple[comm.Collective, np.ndarray]] = [
+            ("reduce_scatter", layer * grad_bytes), ("all_gather", layer * elem)
+        ]  # fmt: skip
+        rs, ag = self._dp_times(plan, rings[0], rings[1], rings[2], ops)
+        times = layer_times(model, training, stage_gpu[0], plan, float(stage_bw[0]))
+        gathers = 1.0 if plan.sharding == "optim_grads_params" else 0.0
+        fwd = max(0.0, gathers * float(ag[0]) - times.forward_s)
+        bwd = max(0.0, gathers * float(ag[0]) + float(rs[0]) - times.backward_s)
+        n = np.asarray(plan.layer_split, dtype=float)
+        m = num_micro_batches(self.instance, plan)
+        exposed = m * (fwd + bwd) * float(n.sum())
+        return stages._replace(
+            forward_s=stages.forward_s + fwd * n,
+            backward_s=stages.backward_s + bwd * n,
+            busy_s=stages.busy_s + exposed,
+            busy_dp_s=exposed,
+        )
 
     def pipeline_inputs(
         self, plan: Plan, gpus: np.ndarray | None = None
@@ -264,6 +304,9 @@ class Evaluator:
             ring_bw, ring_lat = bw[r0:e0].reshape(shape).T, lat[r0:e0].reshape(shape).T
             ops = self._cached(("dp ops", key), lambda: self._dp_ops(plan, params))
             dp_sync, gather = self._dp_times(plan, flat[f.ring_pos], ring_bw, ring_lat, ops)
+            if plan.sharding in GRADIENT_SHARDING:
+                rings = (flat[f.ring_pos], ring_bw, ring_lat)
+                stages = self._sharded_exposure(plan, stages, stage_gpu, stage_bw, rings)
         embedding = 0.0
         if tied:  # all-reduce of the word-embedding gradient between its two copies
             grad_bytes = 4.0 if training.precision == "bf16" else 2.0  # as _dp_ops
@@ -321,10 +364,10 @@ class Evaluator:
         tail = finish_iteration(x, ends, last_b)
         pp_comm = max(pipe - pipe_free, 0.0)
         breakdown = {
-            "compute": st.busy_s - st.busy_tp_s,
+            "compute": st.busy_s - st.busy_tp_s - st.busy_dp_s,
             "bubble": float(pipe - st.busy_s - pp_comm),
             "pp_comm": pp_comm,
-            "dp_comm": tail.optimizer_start_s - pipe + tail.param_gather_s,
+            "dp_comm": tail.optimizer_start_s - pipe + tail.param_gather_s + st.busy_dp_s,
             "tp_comm": st.busy_tp_s,
             "optimizer": tail.optimizer_s,
         }

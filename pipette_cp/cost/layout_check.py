@@ -67,6 +67,11 @@ def check_knobs(instance: Instance, plan: Plan) -> None:
     if vpp > 1 and (m := gbs // (dp * mb)) % pp:
         raise LayoutError("plan.vpp", vpp,
                           f"vpp={vpp}: interleaving needs pp={pp} to divide the {m} micro-batches (Megatron)")  # fmt: skip
+    if plan.sharding in ("optim_grads", "optim_grads_params") and pp > 1:
+        # DeepSpeed: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"; the
+        # gradients of every micro-batch would be reduced while the pipeline holds others.
+        raise LayoutError("plan.dp_sharding", plan.sharding,
+                          f"sharding gradients (optim_grads, optim_grads_params) needs pp=1, got pp={pp}")  # fmt: skip
 
 
 def check_placement(instance: Instance, plan: Plan, gpus: np.ndarray) -> None:

@@ -33,7 +33,7 @@ from pipette_cp.cost.kernels import unfused_norm_extra_bytes, uses_fused_attenti
 from pipette_cp.specs.gpu import GpuSpec
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
-from pipette_cp.specs.training import TrainingSpec
+from pipette_cp.specs.training import GRADIENT_SHARDING, TrainingSpec
 from pipette_cp.units import GiB
 
 #: Megatron pads the vocabulary to a multiple of this times tp
@@ -126,15 +126,22 @@ def state_bytes_per_param(training: TrainingSpec, plan: Plan) -> tuple[float, fl
 
     Megatron mixed precision: 2 + 4 + 12 = 18 B (Adam) or 2 + 4 + 8 (SGD with
     momentum), or the framework's own (:mod:`pipette_cp.cost.framework`); the
-    distributed optimizer divides the optimizer part by dp
+    distributed optimizer divides the optimizer part by dp, ZeRO-2 the gradients too,
+    ZeRO-3 the weights too (``plan.sharding``)
     (megatron/training/theoretical_memory_usage.py: 18, or 6 + 12/dp).
     """
     fw = resolve_framework(training.framework)
     moments = fw.optimizer_state_bytes * (1.0 if training.optimizer == "adam" else 0.5)
     optimizer = fw.master_weight_bytes + moments
-    if plan.distributed_optimizer:
+    weights, grads = fw.weight_bytes, fw.gradient_bytes
+    sharding = plan.sharding
+    if sharding != "none":
         optimizer /= plan.dp
-    return fw.weight_bytes, fw.gradient_bytes, optimizer
+    if sharding in GRADIENT_SHARDING:  # ZeRO-2 (Rajbhandari et al. 2020): gradients too
+        grads /= plan.dp
+    if sharding == "optim_grads_params":  # ZeRO-3 / FSDP: the parameters too
+        weights /= plan.dp
+    return weights, grads, optimizer
 
 
 # -------------------------------------------------------------------- activations
@@ -273,6 +280,14 @@ def _temporary_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> fl
     # (Korthikanti et al. 2022 sec. 5: the working set of one layer).
     if plan.recompute == "full":
         temp += full
+    if plan.sharding in GRADIENT_SHARDING:
+        # ZeRO-2/3: one layer's full gradient before its reduce-scatter; ZeRO-3 also the
+        # gathered weights of the layer in use and of the one prefetched (2 layers).
+        fw = resolve_framework(training.framework)
+        layer = layer_params_per_gpu(model, plan.tp)
+        temp += layer * fw.gradient_bytes
+        if plan.sharding == "optim_grads_params":
+            temp += 2 * layer * fw.weight_bytes
     if plan.pp > 1:
         # Pipeline send and receive buffers of activations and their gradients,
         # 2sbh each (/t with sequence parallelism): one pair per direction.

@@ -28,6 +28,7 @@ def evaluation_json(
         "sequence_parallel": plan.sequence_parallel,
         "recompute": plan.recompute,
         "distributed_optimizer": plan.distributed_optimizer,
+        "dp_sharding": plan.sharding,
         "flash_attention": plan.flash_attention,
         "layer_split": list(plan.layer_split),
         "iteration_time_s": evaluation.iteration_time_s,

@@ -108,6 +108,9 @@ def megatron_args(instance: Instance, plan: Plan) -> list[str]:
         ]
     if plan.distributed_optimizer:
         args.append("--use-distributed-optimizer")
+    if plan.sharding in ("optim_grads", "optim_grads_params"):
+        # Megatron-FSDP (Megatron-Core >= 0.11) names the ZeRO levels this way
+        args += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {plan.sharding}"]
     args += attention_args(instance, plan)
     if t.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")

@@ -83,7 +83,7 @@ class Capacity:
             else f"at least {needed} such GPUs are needed"
         )
         text = (
-            f"{self.model} needs at least {self.per_gpu_bytes() / 1e9:.2f} GB per GPU even at "
+            f"nothing fits in memory: {self.model} needs at least {self.per_gpu_bytes() / 1e9:.2f} GB per GPU even at "
             f"maximal sharding ({self.total_bytes / 1e9:.0f} GB across {self.num_gpus} GPUs), "
             f"the {self.gpu} has {self.usable_bytes / 1e9:.2f} GB usable: {count}, "
             f"the cluster has {self.num_gpus}"

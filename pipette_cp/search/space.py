@@ -13,6 +13,7 @@ from itertools import product
 
 from pipette_cp.specs import Instance, Plan, SearchSpace
 from pipette_cp.specs.layouts import make_plan
+from pipette_cp.specs.training import FUSED_ATTENTION, GRADIENT_SHARDING, Sharding
 
 
 def divisors(n: int) -> list[int]:
@@ -79,9 +80,9 @@ def enumerate_layouts(instance: Instance, space: SearchSpace | None = None) -> I
     """
     space = space or instance.search_space
     model, training = instance.model, instance.training
-    flash = [f for f in space.flash_attention if training.flash_attention_available or not f] or [
-        False
-    ]
+    fused = training.attention_kernel in (None, *FUSED_ATTENTION)
+    available = training.flash_attention_available and fused
+    flash = [f for f in space.flash_attention if available or not f] or [False]
     for d in degrees(instance, space):
         for mb in space.micro_batch_size:
             if training.global_batch_size % (d.dp * mb):
@@ -93,8 +94,9 @@ def enumerate_layouts(instance: Instance, space: SearchSpace | None = None) -> I
                 if v == 1 or (d.pp > 1 and model.num_layers >= d.pp * v and m % d.pp == 0)
             ]
             sps = sorted({sp and d.tp > 1 for sp in space.sequence_parallel}, reverse=True)
-            dos = sorted({do and d.dp > 1 for do in space.distributed_optimizer}, reverse=True)
-            for vpp, sp, recompute, do, fa in product(vpps, sps, space.recompute, dos, flash):
+            for vpp, sp, recompute, sharding, fa in product(
+                vpps, sps, space.recompute, _sharding_levels(space, d.dp, d.pp), flash
+            ):
                 yield make_plan(
                     num_layers=model.num_layers,
                     dp=d.dp,
@@ -104,6 +106,23 @@ def enumerate_layouts(instance: Instance, space: SearchSpace | None = None) -> I
                     vpp=vpp,
                     sequence_parallel=sp,
                     recompute=recompute,
-                    distributed_optimizer=do,
+                    dp_sharding=sharding,
                     flash_attention=fa,
                 )
+
+
+def _sharding_levels(space: SearchSpace, dp: int, pp: int) -> list[Sharding]:
+    """The data-parallel sharding levels worth trying: ``space.dp_sharding`` (or, when
+    unset, none/optim from ``space.distributed_optimizer``); every level needs dp > 1,
+    gradient sharding also pp = 1."""
+    if space.dp_sharding is None:
+        wanted: list[Sharding] = ["optim" if do else "none" for do in space.distributed_optimizer]
+    else:
+        wanted = list(space.dp_sharding)
+    ok = [
+        level
+        for level in wanted
+        if level == "none" or (dp > 1 and (pp == 1 or level not in GRADIENT_SHARDING))
+    ]
+    rank = ("optim_grads_params", "optim_grads", "optim", "none")
+    return sorted(set(ok or ["none"]), key=rank.index)  # most sharded first, as before

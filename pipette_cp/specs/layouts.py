@@ -9,7 +9,7 @@ r-th GPU of the hostfile order.  That is the ``megatron-default`` placement.
 from __future__ import annotations
 
 from pipette_cp.specs.plan import Plan
-from pipette_cp.specs.training import Recompute
+from pipette_cp.specs.training import Recompute, Sharding
 
 
 def even_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, ...]:
@@ -58,6 +58,7 @@ def make_plan(
     recompute: Recompute = "none",
     distributed_optimizer: bool = False,
     flash_attention: bool = True,
+    dp_sharding: Sharding | None = None,
     layer_split: tuple[int, ...] | None = None,
     placement: tuple[tuple[int, ...], ...] | None = None,
 ) -> Plan:
@@ -70,7 +71,8 @@ def make_plan(
         vpp=vpp,
         sequence_parallel=sequence_parallel,
         recompute=recompute,
-        distributed_optimizer=distributed_optimizer,
+        distributed_optimizer=distributed_optimizer or dp_sharding not in (None, "none"),
+        dp_sharding=dp_sharding,
         flash_attention=flash_attention,
         layer_split=layer_split or even_split(num_layers, pp, vpp),
         placement=placement or megatron_placement(dp, pp, tp),

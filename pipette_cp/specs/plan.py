@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from pipette_cp.specs._base import FrozenSpec
-from pipette_cp.specs.training import Recompute
+from pipette_cp.specs.training import Recompute, Sharding
 
 
 class Evaluation(FrozenSpec):
@@ -52,6 +52,10 @@ class SolveInfo(FrozenSpec):
     wall_time_s: float = Field(default=0.0, ge=0, description="Solver wall time, s.")
 
 
+#: Layout labels of the sharding levels that shard more than the optimizer.
+_SHARDING_LABEL = {"optim": "do", "optim_grads": "zero2", "optim_grads_params": "zero3"}
+
+
 class Plan(FrozenSpec):
     """A complete layout: degrees, knobs, layer split and GPU placement.
 
@@ -70,6 +74,12 @@ class Plan(FrozenSpec):
     sequence_parallel: bool = Field(default=False, description="Megatron --sequence-parallel.")
     recompute: Recompute = Field(default="none", description="Activation recomputation.")
     distributed_optimizer: bool = Field(default=False, description="ZeRO-1 optimizer sharding.")
+    dp_sharding: Sharding | None = Field(
+        default=None,
+        description="Data-parallel sharding (Megatron-FSDP's names): none, optim (ZeRO-1, the "
+        "distributed optimizer), optim_grads (ZeRO-2), optim_grads_params (ZeRO-3 / FSDP); "
+        "None: none or optim as distributed_optimizer says.",
+    )
     flash_attention: bool = Field(default=True, description="FlashAttention kernels.")
     layer_split: tuple[int, ...] = Field(description="Layers per model chunk, length pp * vpp.")
     placement: tuple[tuple[int, ...], ...] = Field(
@@ -80,6 +90,14 @@ class Plan(FrozenSpec):
     )
     evaluation: Evaluation | None = Field(default=None, description="Predicted performance.")
     solve_info: SolveInfo | None = Field(default=None, description="How the plan was found.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sharding_sets_distributed_optimizer(cls, data: object) -> object:
+        """A given ``dp_sharding`` decides ``distributed_optimizer`` (on from optim up)."""
+        if isinstance(data, dict) and data.get("dp_sharding") is not None:
+            return {**data, "distributed_optimizer": data["dp_sharding"] != "none"}
+        return data
 
     @model_validator(mode="after")
     def _shapes(self) -> Plan:
@@ -100,6 +118,13 @@ class Plan(FrozenSpec):
                     f"placement unit {unit} has {len(gpus)} GPUs, expected tp={self.tp}"
                 )
         return self
+
+    @property
+    def sharding(self) -> Sharding:
+        """The data-parallel sharding level (``dp_sharding``, or from the distributed optimizer)."""
+        if not self.distributed_optimizer:
+            return "none"
+        return self.dp_sharding if self.dp_sharding not in (None, "none") else "optim"
 
     @property
     def num_gpus(self) -> int:
@@ -123,7 +148,7 @@ class Plan(FrozenSpec):
         if self.recompute != "none":
             parts.append({"selective": "sel", "full": "full"}[self.recompute])
         if self.distributed_optimizer:
-            parts.append("do")
+            parts.append(_SHARDING_LABEL[self.sharding])
         if not self.flash_attention:
             parts.append("nofa")
         return "-".join(parts)

@@ -11,6 +11,9 @@ from pipette_cp.specs._base import FrozenSpec
 Precision = Literal["bf16", "fp16"]
 Optimizer = Literal["adam", "sgd"]
 Recompute = Literal["none", "selective", "full"]
+Sharding = Literal["none", "optim", "optim_grads", "optim_grads_params"]
+#: The sharding levels that shard more than the optimizer state (ZeRO-2, ZeRO-3).
+GRADIENT_SHARDING: tuple[Sharding, ...] = ("optim_grads", "optim_grads_params")
 AttentionKernel = Literal[
     "eager", "sdpa-math", "fused-softmax", "flash1", "flash2", "flash3", "cudnn"
 ]
@@ -139,6 +142,11 @@ class SearchSpace(FrozenSpec):
         default=(True, False),
         description="FlashAttention on / off (on only where the training spec makes it available).",
     )
+    dp_sharding: tuple[Sharding, ...] | None = Field(
+        default=None,
+        description="Data-parallel sharding levels to try (none, optim, optim_grads, "
+        "optim_grads_params); None: none and optim as distributed_optimizer allows.",
+    )
     use_all_gpus: bool = Field(
         default=True, description="Whether dp x pp x tp must equal the number of GPUs."
     )
@@ -155,9 +163,13 @@ class SearchSpace(FrozenSpec):
             return tuple(sorted(set(values)))
         return values
 
-    @field_validator("sequence_parallel", "recompute", "distributed_optimizer", "flash_attention")
+    @field_validator(
+        "sequence_parallel", "recompute", "distributed_optimizer", "flash_attention", "dp_sharding"
+    )
     @classmethod
-    def _not_empty(cls, values: tuple) -> tuple:
+    def _not_empty(cls, values: tuple | None) -> tuple | None:
+        if values is None:
+            return None
         if not values:
             raise ValueError("must not be empty")
         return tuple(dict.fromkeys(values))

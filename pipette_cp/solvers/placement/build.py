@@ -23,6 +23,7 @@ from pipette_cp.cost.memory import (
 from pipette_cp.errors import InfeasibleError, LayoutError
 from pipette_cp.solvers.placement.data import PlacementData
 from pipette_cp.specs import Instance, Plan
+from pipette_cp.specs.training import GRADIENT_SHARDING
 from pipette_cp.units import BYTES_PER_ELEMENT
 
 
@@ -138,6 +139,10 @@ def _stage_tables(
     params = np.array([stage_params_per_gpu(model, plan, s) for s in range(plan.pp)])
     sync = comm._RING_FACTOR["reduce_scatter" if plan.distributed_optimizer else "all_reduce"]
     gather_on = plan.distributed_optimizer and not training.overlap_param_gather
+    if plan.sharding in GRADIENT_SHARDING:
+        # ZeRO-2/3 collectives run per micro-batch, overlapped with compute: not in the
+        # master (its value stays below the evaluator's, so its bound stays valid)
+        sync, gather_on = 0.0, False
     act = training.seq_length * plan.micro_batch_size * model.hidden_size * elem
     emb = padded_vocab_size(model, plan.tp) * model.hidden_size / plan.tp * grad
     return {
