@@ -8,7 +8,7 @@ from pipette_cp.cost.compute import layer_times
 from pipette_cp.cost.framework import FRAMEWORKS, resolve_framework
 from pipette_cp.cost.memory import state_bytes_per_param
 from pipette_cp.errors import SpecError
-from pipette_cp.experiments.published_runs import fit_compute_efficiency, run_baseline
+from pipette_cp.experiments.published_runs import fit_frameworks
 from pipette_cp.specs import ModelSpec, TrainingSpec, resolve_gpu
 from pipette_cp.specs.layouts import make_plan
 from pipette_cp.specs.training import FrameworkProfile
@@ -59,6 +59,15 @@ def test_compute_efficiency_scales_the_layer_time():
 
 def test_catalogue_efficiencies_are_the_fit():
     """The fitted values in the catalogue are what the fit command gives (to 0.002)."""
-    fitted = fit_compute_efficiency(run_baseline(compute_efficiency=1.0))
-    for name, eff in fitted.items():
-        assert FRAMEWORKS[name].compute_efficiency == pytest.approx(eff, abs=2e-3), name
+    for (name, gpu), (compute, attention) in fit_frameworks().items():
+        fw = FRAMEWORKS[name]
+        assert fw.compute_scale(gpu) == pytest.approx(compute, abs=2e-3), (name, gpu)
+        assert fw.attention_efficiency == attention, name
+
+
+def test_a_given_compute_efficiency_holds_on_every_gpu():
+    fw = resolve_framework(FrameworkProfile(name="llm-foundry", compute_efficiency=0.9))
+    assert fw.compute_scale("A100") == fw.compute_scale("H100") == 0.9
+    assert FRAMEWORKS["llm-foundry"].compute_scale("H100") < FRAMEWORKS[
+        "llm-foundry"
+    ].compute_scale("A100")

@@ -61,20 +61,26 @@ def test_baseline_on_a_few_rows_is_finite(tmp_path):
     ran = [r for r in rows if "step_time_s" in r["notes"] or r["measured_tflops_per_gpu"]]
     oom = [r for r in rows if "OOM" in r["notes"]]
     fsdp = [r for r in rows if "FSDP" in r["distributed_optimizer_or_zero"]]
-    few = ran[:4] + ran[-4:] + oom[:2] + fsdp[:1]
+    cp = [
+        r
+        for r in rows
+        if "context_parallel" in r["notes"] and "context_parallel=1" not in r["notes"]
+    ]
+    few = ran[:4] + ran[-4:] + oom[:2] + fsdp[:1] + cp[:1]
     path = tmp_path / "few.csv"
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(few)
     baseline = run_baseline(path)
-    assert len(baseline.results) == 10 and sum(baseline.skipped.values()) == 1
+    # the FSDP row is modelled (ZeRO-3), the context-parallel one is not
+    assert len(baseline.results) == 11 and sum(baseline.skipped.values()) == 1
     measured = [r for r in baseline.results if not r.oom]
     assert measured and all(math.isfinite(r.ratio) and r.ratio > 0 for r in measured)
     for summary in summaries(baseline).values():
         if summary.ran:
             assert math.isfinite(summary.mape) and math.isfinite(summary.median_ratio)
-    assert "FSDP" in format_baseline(baseline)
+    assert "context parallelism" in format_baseline(baseline)
 
 
 def _run(layout, predicted, measured, *, fits=True, oom=False, per_gpu=1.0, mem=math.nan):

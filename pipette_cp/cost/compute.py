@@ -23,7 +23,7 @@ from pipette_cp.cost.calibration import (
     peak_flops,
 )
 from pipette_cp.cost.flops import ATTENTION_CORE, Gemm, layer_gemms
-from pipette_cp.cost.framework import framework_calibration
+from pipette_cp.cost.framework import attention_scale, framework_calibration
 from pipette_cp.cost.kernels import (
     SOFTMAX_BYTES,
     attention_kernel,
@@ -131,7 +131,9 @@ def _attention_core_times(
         # FlashAttention (Dao et al. 2022; Dao 2023): causal blocks skipped (half the
         # FLOPs), backward = 2.5 x forward (5 GEMMs instead of 2).
         flops = 0.5 * sum(g.flops for g in gemms)
-        efficiency = fused_attention_efficiency(kernel, gpu, cal.flash_attention_efficiency)
+        efficiency = fused_attention_efficiency(
+            kernel, gpu, cal.flash_attention_efficiency
+        ) * attention_scale(training, cal.gpu_family)
         forward = flops / (efficiency * peak_flops(gpu))
         return forward, 2.5 * forward
     drop = 1.0 if training.dropout else 0.0

@@ -6,7 +6,8 @@ otherwise: bf16 weights (2 B), fp32 gradient buffer (4 B), fp32 master weights
 (``megatron/training/theoretical_memory_usage.py``: 18 B, or 6 + 12/dp with the
 distributed optimizer).  ``compute_efficiency`` scales the calibrated compute
 model (fitted on Megatron-LM and Megatron-Core runs, so 1.0 for both); for the
-others it is the one parameter fitted per framework:
+others it is the one parameter fitted per framework (llm-foundry also fits its
+attention efficiency):
 ``1 / median(predicted / measured throughput)`` over the fit side of the published
 runs (``python -m pipette_cp.experiments.published_runs_report --fit``), the median so that
 outliers do not move it.
@@ -32,35 +33,50 @@ class Framework:
     master_weight_bytes: float
     optimizer_state_bytes: float
     provenance: str = ""
+    attention_efficiency: float = 1.0
+    #: per GPU family (``GpuCalibration.gpu_family``), a factor on ``compute_efficiency``
+    gpu_efficiency: tuple[tuple[str, float], ...] = ()
+
+    def compute_scale(self, gpu_family: str) -> float:
+        """The factor on the calibrated compute rates on a GPU of ``gpu_family``."""
+        return self.compute_efficiency * dict(self.gpu_efficiency).get(gpu_family, 1.0)
 
 
-_MEGATRON = {"weight_bytes": 2.0, "gradient_bytes": 4.0, "master_weight_bytes": 4.0,
-             "optimizer_state_bytes": 8.0}  # fmt: skip
+def _megatron_layout(name: str, compute_efficiency: float, provenance: str, **extra) -> Framework:
+    """A framework with Megatron's mixed-precision bytes: 2 + 4 + 4 + 8 per parameter."""
+    return Framework(name, compute_efficiency, weight_bytes=2.0, gradient_bytes=4.0,
+                     master_weight_bytes=4.0, optimizer_state_bytes=8.0,
+                     provenance=provenance, **extra)  # fmt: skip
+
+
 _FIT = "fitted: 1 / median(predicted / measured) on the fit side of published_runs_more.csv"
 
 #: The frameworks by name.
 FRAMEWORKS: dict[str, Framework] = {
-    "megatron-core": Framework(
-        "megatron-core", 1.0, **_MEGATRON, provenance="the compute calibration's own runs"
-    ),
-    "megatron-lm": Framework(
-        "megatron-lm", 1.0, **_MEGATRON, provenance="the compute calibration's own runs (SC21)"
-    ),
+    "megatron-core": _megatron_layout("megatron-core", 1.0, "the compute calibration's runs"),
+    "megatron-lm": _megatron_layout("megatron-lm", 1.0, "the compute calibration's runs (SC21)"),
     # NVIDIA DGX Cloud benchmarking recipes v24.11.1 (NeMo on Megatron-Core, H100):
     # step times include what the recipes' timers include.
-    "nemo": Framework("nemo", 0.926, **_MEGATRON, provenance=f"{_FIT} (DGX Cloud, 5 rows)"),
+    "nemo": _megatron_layout("nemo", 0.926, f"{_FIT} (DGX Cloud, 5 rows)"),
     # BigScience BLOOM layout search (Megatron-DeepSpeed, ZeRO-1, fp16 optimizer).
-    "megatron-deepspeed": Framework(
-        "megatron-deepspeed", 0.978, **_MEGATRON, provenance=f"{_FIT} (BLOOM, 26 rows)"
-    ),
+    "megatron-deepspeed": _megatron_layout("megatron-deepspeed", 0.978, f"{_FIT} (BLOOM, 26 rows)"),
     # Hagemann et al. 2023: Aleph Alpha's Megatron-style trainer on A100.
-    "aleph-alpha": Framework(
-        "aleph-alpha", 0.916, **_MEGATRON, provenance=f"{_FIT} (Hagemann et al., 99 rows)"
+    "aleph-alpha": _megatron_layout("aleph-alpha", 0.916, f"{_FIT} (Hagemann et al., 99 rows)"),
+    # MosaicML llm-foundry benchmarks (PyTorch FSDP, MPT models, A100 and H100): the
+    # compute efficiency per GPU family (Megatron-Core's Transformer Engine gains more on
+    # H100), and its attention (ALiBi): the grid value with the smallest fit-side MAPE.
+    "llm-foundry": _megatron_layout(
+        "llm-foundry",
+        1.0,
+        f"{_FIT}, per GPU family; attention efficiency by grid (50 rows)",
+        attention_efficiency=0.55,
+        gpu_efficiency=(("A100", 1.043), ("H100", 0.887)),
     ),
 }
 
 _FIELDS = ("compute_efficiency", "weight_bytes", "gradient_bytes", "master_weight_bytes",
            "optimizer_state_bytes")  # fmt: skip
+_OPTIONAL = ("attention_efficiency",)
 
 
 def resolve_framework(profile: FrameworkProfile) -> Framework:
@@ -71,7 +87,9 @@ def resolve_framework(profile: FrameworkProfile) -> Framework:
     SpecError
         An unknown name without every field given.
     """
-    given = {f: getattr(profile, f) for f in _FIELDS if getattr(profile, f) is not None}
+    given = {
+        f: getattr(profile, f) for f in (*_FIELDS, *_OPTIONAL) if getattr(profile, f) is not None
+    }
     base = FRAMEWORKS.get(profile.name)
     if base is None:
         missing = [f for f in _FIELDS if f not in given]
@@ -83,18 +101,26 @@ def resolve_framework(profile: FrameworkProfile) -> Framework:
                 f"{', '.join(missing)} too)",
             )
         return Framework(name=profile.name, provenance="user-defined", **given)
+    if "compute_efficiency" in given:  # one value for every GPU family
+        given["gpu_efficiency"] = ()
     return replace(base, **given) if given else base
 
 
 def framework_calibration(cal: GpuCalibration, training: TrainingSpec) -> GpuCalibration:
-    """``cal`` with every compute rate (GEMM ceiling, HBM, fused attention) scaled by the
-    framework's ``compute_efficiency``: every layer kernel's time divides by it."""
-    eff = resolve_framework(training.framework).compute_efficiency
+    """``cal`` with the GEMM ceiling and the HBM rate scaled by the framework's
+    ``compute_efficiency`` (fused attention: :func:`attention_scale`)."""
+    eff = resolve_framework(training.framework).compute_scale(cal.gpu_family)
     if eff == 1.0:
         return cal
     return replace(
         cal,
         gemm_efficiency_max=cal.gemm_efficiency_max * eff,
         hbm_efficiency=cal.hbm_efficiency * eff,
-        flash_attention_efficiency=cal.flash_attention_efficiency * eff,
     )
+
+
+def attention_scale(training: TrainingSpec, gpu_family: str) -> float:
+    """Factor on a fused attention kernel's efficiency: the framework's compute scale on
+    that GPU family and its attention efficiency."""
+    fw = resolve_framework(training.framework)
+    return fw.compute_scale(gpu_family) * fw.attention_efficiency

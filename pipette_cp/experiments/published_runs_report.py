@@ -38,7 +38,7 @@ from pipette_cp.experiments.calibration_split import FIT, HELD_OUT
 from pipette_cp.experiments.published_runs import (
     Baseline,
     RunResult,
-    fit_compute_efficiency,
+    fit_frameworks,
     format_baseline,
     run_baseline,
     summarise,
@@ -312,9 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.fit:
-        fitted = fit_compute_efficiency(run_baseline(compute_efficiency=1.0))
-        for name, eff in fitted.items():
-            print(f"{name:20s} compute_efficiency {eff:.3f}")
+        for (name, gpu), (compute, attention) in fit_frameworks().items():
+            print(f"{name:20s} {gpu}  compute {compute:.3f}  attention {attention:.2f}")
         return 0
     baseline = run_baseline()
     print(format_baseline(baseline))

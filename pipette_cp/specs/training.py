@@ -39,7 +39,17 @@ class FrameworkProfile(FrozenSpec):
         gt=0,
         le=2,
         description="Speed of the framework's layer compute relative to Megatron-Core's "
-        "(1.0, the calibrated compute model), fitted per framework on published runs.",
+        "(1.0, the calibrated compute model), fitted per framework (and, where its runs "
+        "cover several, per GPU family) on published runs; a value given here holds on "
+        "every GPU.",
+    )
+    attention_efficiency: float | None = Field(
+        default=None,
+        gt=0,
+        le=2,
+        description="Speed of the framework's fused attention relative to the kernel's "
+        "cited efficiency (1.0), on top of compute_efficiency; fitted where a framework "
+        "runs attention its own way (llm-foundry's ALiBi attention).",
     )
     weight_bytes: float | None = Field(
         default=None, gt=0, description="Bytes per parameter of the compute weights (bf16: 2)."
