@@ -16,6 +16,7 @@ outliers do not move it.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from pipette_cp.cost.calibration import GpuCalibration
 from pipette_cp.errors import SpecError
@@ -42,7 +43,9 @@ class Framework:
         return self.compute_efficiency * dict(self.gpu_efficiency).get(gpu_family, 1.0)
 
 
-def _megatron_layout(name: str, compute_efficiency: float, provenance: str, **extra) -> Framework:
+def _megatron_layout(
+    name: str, compute_efficiency: float, provenance: str, **extra: Any
+) -> Framework:
     """A framework with Megatron's mixed-precision bytes: 2 + 4 + 4 + 8 per parameter."""
     return Framework(name, compute_efficiency, weight_bytes=2.0, gradient_bytes=4.0,
                      master_weight_bytes=4.0, optimizer_state_bytes=8.0,
