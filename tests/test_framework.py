@@ -8,7 +8,7 @@ from pipette_cp.cost.compute import layer_times
 from pipette_cp.cost.framework import FRAMEWORKS, resolve_framework
 from pipette_cp.cost.memory import state_bytes_per_param
 from pipette_cp.errors import SpecError
-from pipette_cp.experiments.published_runs import fit_frameworks
+from pipette_cp.experiments.published_runs_fit import fit_frameworks
 from pipette_cp.specs import ModelSpec, TrainingSpec, resolve_gpu
 from pipette_cp.specs.layouts import make_plan
 from pipette_cp.specs.training import FrameworkProfile

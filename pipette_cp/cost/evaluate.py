@@ -21,6 +21,11 @@ import numpy as np
 
 from pipette_cp.cost import comm
 from pipette_cp.cost.compute import chunk_times, layer_times, optimizer_step_time_s
+from pipette_cp.cost.dp_collectives import (
+    exposed_per_layer,
+    per_layer_collectives,
+    step_collectives,
+)
 from pipette_cp.cost.flops import hardware_flops_per_iteration, model_flops_per_iteration
 from pipette_cp.cost.layout_check import (
     FlowTemplate,
@@ -32,7 +37,6 @@ from pipette_cp.cost.layout_check import (
     validate_layout,
 )
 from pipette_cp.cost.memory import (
-    layer_params_per_gpu,
     memory_by_stage,
     padded_vocab_size,
     stage_params_per_gpu,
@@ -169,41 +173,18 @@ class Evaluator:
         names = tuple(g.name for g in stage_gpu) if self._mixed else None
         return self._cached(("stage", key, names), make)
 
-    def _dp_ops(self, plan: Plan, params: np.ndarray) -> list[tuple[comm.Collective, np.ndarray]]:
-        """The DP collectives of every (stage, tp rank) ring and their sizes, bytes.
-
-        Megatron reduces the gradients in fp32 under bf16 (``arguments.py``):
-        all-reduce, or with the distributed optimizer a reduce-scatter, then
-        after the step an all-gather of the bf16 parameters (unless
-        ``overlap_param_gather``).
-        """
-        training = self.instance.training
-        elem = BYTES_PER_ELEMENT[training.precision]
-        grad_bytes = 4.0 if training.precision == "bf16" else float(elem)
-        sizes = np.repeat(params, plan.tp)
-        if plan.sharding in GRADIENT_SHARDING:
-            # ZeRO-2/3 reduce-scatter every micro-batch's gradients in the backward
-            # (:meth:`_sharded_exposure`); ZeRO-2 still gathers the updated parameters
-            # after the step, ZeRO-3 gathers them layer by layer when they are used.
-            sync = np.zeros_like(sizes)
-            gather = sizes * elem if plan.sharding == "optim_grads" else np.zeros_like(sizes)
-            return [("reduce_scatter", sync), ("all_gather", gather)]
-        ops: list[tuple[comm.Collective, np.ndarray]] = [
-            ("reduce_scatter" if plan.distributed_optimizer else "all_reduce", sizes * grad_bytes)
-        ]
-        if plan.distributed_optimizer and not training.overlap_param_gather:
-            ops.append(("all_gather", sizes * elem))
-        return ops
-
     def _dp_times(self, plan: Plan, rings, bw, lat, ops) -> tuple[np.ndarray, np.ndarray]:
         """Each stage's DP gradient sync and distributed-optimizer parameter gather
-        (:meth:`_dp_ops`); all stages' rings run at once."""
+        (:func:`~pipette_cp.cost.dp_collectives.step_collectives`); all stages' rings run
+        at once."""
         pp, tp, algorithm = plan.pp, plan.tp, self.dp_algorithm
         flat_ok = bool(bw.all())
         two_level = algorithm != "ring" and comm.local_group_size(self.fabric, rings) > 1
         what = "a data-parallel gradient sync"
         out = [np.zeros(pp), np.zeros(pp)]
         for i, (op, size) in enumerate(ops):
+            if not size.any():
+                continue  # an operation this plan does not run
             if not flat_ok:  # the ring needs a failed link: another algorithm, or an error
                 t = comm.collective_times_s(self.fabric, rings, size, op, algorithm, what)
             else:
@@ -221,26 +202,15 @@ class Evaluator:
     def _sharded_exposure(
         self, plan: Plan, stages: _Stages, stage_gpu: list, stage_bw: np.ndarray, rings: tuple
     ) -> _Stages:
-        """ZeRO-2/3: per micro-batch and layer, the gradient reduce-scatter (and with
-        ZeRO-3 the parameter all-gather, in the forward and again in the backward) over
-        the DP ring, overlapped with that layer's compute; what the compute cannot hide
-        is added to the stage's forward/backward (exposed = max(0, comm - compute), per
-        layer, so linear in the layers).  ZeRO-2/3 need pp = 1 (check_knobs)."""
+        """ZeRO-2/3: the per-micro-batch collectives the compute does not hide, added to
+        each chunk's forward/backward (:mod:`pipette_cp.cost.dp_collectives`; pp = 1)."""
         model, training = self.instance.model, self.instance.training
-        elem = BYTES_PER_ELEMENT[training.precision]
-        grad_bytes = 4.0 if training.precision == "bf16" else float(elem)
-        layer = np.full(plan.pp * plan.tp, layer_params_per_gpu(model, plan.tp))
-        ops: list[tuple[comm.Collective, np.ndarray]] = [
-            ("reduce_scatter", layer * grad_bytes), ("all_gather", layer * elem)
-        ]  # fmt: skip
+        ops = per_layer_collectives(model, training, plan)
         rs, ag = self._dp_times(plan, rings[0], rings[1], rings[2], ops)
         times = layer_times(model, training, stage_gpu[0], plan, float(stage_bw[0]))
-        gathers = 1.0 if plan.sharding == "optim_grads_params" else 0.0
-        fwd = max(0.0, gathers * float(ag[0]) - times.forward_s)
-        bwd = max(0.0, gathers * float(ag[0]) + float(rs[0]) - times.backward_s)
+        fwd, bwd = exposed_per_layer(plan, times, float(rs[0]), float(ag[0]))
         n = np.asarray(plan.layer_split, dtype=float)
-        m = num_micro_batches(self.instance, plan)
-        exposed = m * (fwd + bwd) * float(n.sum())
+        exposed = num_micro_batches(self.instance, plan) * (fwd + bwd) * float(n.sum())
         return stages._replace(
             forward_s=stages.forward_s + fwd * n,
             backward_s=stages.backward_s + bwd * n,
@@ -302,14 +272,14 @@ class Evaluator:
         if dp > 1:
             shape = (dp, pp * tp)
             ring_bw, ring_lat = bw[r0:e0].reshape(shape).T, lat[r0:e0].reshape(shape).T
-            ops = self._cached(("dp ops", key), lambda: self._dp_ops(plan, params))
+            ops = self._cached(("dp ops", key), lambda: step_collectives(training, plan, params))
             dp_sync, gather = self._dp_times(plan, flat[f.ring_pos], ring_bw, ring_lat, ops)
             if plan.sharding in GRADIENT_SHARDING:
                 rings = (flat[f.ring_pos], ring_bw, ring_lat)
                 stages = self._sharded_exposure(plan, stages, stage_gpu, stage_bw, rings)
         embedding = 0.0
         if tied:  # all-reduce of the word-embedding gradient between its two copies
-            grad_bytes = 4.0 if training.precision == "bf16" else 2.0  # as _dp_ops
+            grad_bytes = 4.0 if training.precision == "bf16" else 2.0  # as step_collectives
             size = padded_vocab_size(model, tp) * model.hidden_size / tp * grad_bytes
             pair_bw, pair_lat = bw[e0:end].reshape(2, -1).T, lat[e0:end].reshape(2, -1).T
             embedding = float(comm.ring_time_from_links(pair_bw, pair_lat, size).max())

@@ -45,48 +45,26 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter, defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from pipette_cp.cost.evaluate import Evaluator
-from pipette_cp.experiments.accuracy import RowSetup, read_rows, row_setup
+from pipette_cp.experiments.accuracy import read_rows
 from pipette_cp.experiments.calibration_split import HELD_OUT, assign_split, family, sweep_key
-from pipette_cp.io.paths import INSTANCES_DIR
-from pipette_cp.specs.gpu import resolve_gpu
-from pipette_cp.specs.instance import Instance
-from pipette_cp.specs.training import (
-    FUSED_ATTENTION,
-    AttentionKernel,
-    FrameworkProfile,
-    Sharding,
+from pipette_cp.experiments.published_runs_setup import (
+    Skip,
+    check_expressible,
+    complete_row,
+    note,
+    run_setup,
 )
+from pipette_cp.io.paths import INSTANCES_DIR
 from pipette_cp.units import GiB
 
 #: The bundled copy of the published layout sweeps.
 MORE_CSV = INSTANCES_DIR / "calibration" / "published_runs_more.csv"
-
-#: LLaMA-1 shapes assumed for the Hagemann sheets: layers, hidden, heads, ffn.
-LLAMA1_SHAPES = {"13": (40, 5120, 40, 13824), "30": (60, 6656, 52, 17920)}
-
-#: Query heads assumed for the Nemotron-4 rows (the recipe tables omit them).
-NEMOTRON_HEADS = {"15": 48, "340": 96}
-
-#: Hagemann et al.'s ``kernel=`` values as the stack's (attention kernel, fused norm):
-#: PyTorch's own attention, Megatron's fused softmax, FlashAttention 1.0.8 and 2, and
-#: FlashAttention 2 with the fused RMSNorm kernel of the FlashAttention repository.
-HAGEMANN_KERNELS: dict[str, tuple[AttentionKernel, bool]] = {
-    "torch": ("eager", False),
-    "fused": ("fused-softmax", False),
-    "flash_attentionv1.0.8": ("flash1", False),
-    "flash_attention2": ("flash2", False),
-    "flash_attention2 + RMS kernel": ("flash2", True),
-}
-
-
-class Skip(Exception):
-    """A row today's models cannot express; the message is the counted reason."""
 
 
 @dataclass(frozen=True)
@@ -123,179 +101,6 @@ class RunResult:
         return self.predicted / self.measured
 
 
-def _note(notes: str, key: str) -> str | None:
-    found = re.search(rf"{key}=([^;]*)", notes)
-    return found.group(1).strip() if found else None
-
-
-def _check_expressible(row: dict[str, str]) -> None:
-    fam, notes = family(row), row["notes"]
-    if "FSDP" in row["distributed_optimizer_or_zero"] and _fsdp_level(row) is None:
-        raise Skip("FSDP strategy not modelled (hybrid sharding)")
-    if (_note(notes, "context_parallel") or _note(notes, "cp") or "1") != "1":
-        raise Skip("context parallelism (not modelled)")
-    if fam not in ("hagemann", "bloom", "dgxc", "mpt"):
-        raise Skip(f"family {fam} (not modelled)")
-    if "OOM" not in notes and "Error" in notes:
-        raise Skip("run failed, not OOM")
-
-
-def complete_row(row: dict[str, str]) -> dict[str, str]:
-    """The row with the module's assumptions filled in where it is silent."""
-    full, fam = dict(row), family(row)
-    if fam == "hagemann":
-        layers, hidden, heads, ffn = LLAMA1_SHAPES[row["params_b"]]
-        seq = int(row["seq_len"] or 2048)
-        full.update(
-            num_layers=str(layers), hidden_size=str(hidden), num_heads=str(heads),
-            ffn_hidden_size=str(ffn), vocab_size="32000", seq_len=str(seq),
-            global_batch_size=str(2048 * 2048 // seq), gpu_type="A100-SXM4",
-        )  # fmt: skip
-    if fam == "dgxc" and not row["num_heads"]:
-        full["num_heads"] = str(NEMOTRON_HEADS[row["params_b"]])
-        full["num_kv_heads"] = "8"
-    if not full["measured_tflops_per_gpu"]:
-        full["measured_tflops_per_gpu"] = "nan"
-    return full
-
-
-#: The framework of each source family (:data:`pipette_cp.cost.framework.FRAMEWORKS`).
-FAMILY_FRAMEWORK = {
-    "hagemann": "aleph-alpha",
-    "bloom": "megatron-deepspeed",
-    "dgxc": "nemo",
-    "mpt": "llm-foundry",
-}
-#: PyTorch FSDP sharding strategies as sharding levels (HYBRID_SHARD is not modelled).
-FSDP_LEVELS: dict[str, Sharding] = {
-    "FULL_SHARD": "optim_grads_params",
-    "SHARD_GRAD_OP": "optim_grads",
-}
-
-
-def _fsdp_level(row: dict[str, str]) -> Sharding | None:
-    strategy = row["distributed_optimizer_or_zero"].replace("FSDP", "").strip()
-    return FSDP_LEVELS.get(strategy)
-
-
-#: Frameworks whose attention efficiency is fitted too (their attention is their own:
-#: llm-foundry runs MPT's ALiBi attention, whose speed falls short of the cited kernels
-#: the longer the sequence).
-ATTENTION_FITTED = ("llm-foundry",)
-#: Grid of attention efficiencies tried for them.
-ATTENTION_GRID = tuple(round(0.25 + 0.05 * i, 2) for i in range(16))
-
-
-def gpu_family_of(gpu_type: str) -> str:
-    """The calibration family of a row's ``gpu_type`` (A100 or H100)."""
-    return "H100" if gpu_type.upper().startswith("H100") else "A100"
-
-
-def fit_compute_efficiency(baseline: Baseline) -> dict[tuple[str, str], float]:
-    """Per framework and GPU family, ``1 / median(predicted / measured)`` over the fit
-    side's runs that ran (a baseline evaluated at compute efficiency 1)."""
-    ratios: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for r in baseline.results:
-        if r.side != HELD_OUT and not r.oom and r.measured > 0 and math.isfinite(r.measured):
-            key = (FAMILY_FRAMEWORK[r.family], gpu_family_of(r.gpu_type))
-            ratios[key].append(r.predicted / r.measured)
-    return {key: float(1.0 / np.median(v)) for key, v in sorted(ratios.items())}
-
-
-def fit_frameworks() -> dict[tuple[str, str], tuple[float, float]]:
-    """``(compute, attention)`` efficiency per framework and GPU family, fitted on the fit
-    side: the compute efficiency by :func:`fit_compute_efficiency`; for
-    :data:`ATTENTION_FITTED` the attention efficiency of :data:`ATTENTION_GRID` whose
-    fit-side MAPE (each GPU family at its own compute efficiency) is smallest."""
-    fitted = {key: (c, 1.0) for key, c in fit_compute_efficiency(run_baseline(compute_efficiency=1.0)).items()}  # fmt: skip
-    families = tuple(f for f, n in FAMILY_FRAMEWORK.items() if n in ATTENTION_FITTED)
-    best: dict[str, float] = {}
-    for a in ATTENTION_GRID:
-        base = run_baseline(compute_efficiency=1.0, attention_efficiency=a, families=families)
-        scale = fit_compute_efficiency(base)
-        errors: dict[str, list[float]] = defaultdict(list)
-        for r in base.results:
-            if r.side != HELD_OUT and not r.oom and r.measured > 0:
-                key = (FAMILY_FRAMEWORK[r.family], gpu_family_of(r.gpu_type))
-                errors[key[0]].append(abs(r.predicted * scale[key] / r.measured - 1.0))
-        for name, e in errors.items():
-            if float(np.mean(e)) < best.get(name, math.inf):
-                best[name] = float(np.mean(e))
-                fitted.update({k: (c, a) for k, c in scale.items() if k[0] == name})
-    return fitted
-
-
-def run_setup(
-    row: dict[str, str],
-    compute_efficiency: float | None = None,
-    attention_efficiency: float | None = None,
-) -> RowSetup:
-    """:func:`accuracy.row_setup` of the completed row, adjusted per family
-    (the efficiencies override the framework's, to fit them)."""
-    setup = row_setup(complete_row(row))
-    fam, inst = family(row), setup.instance
-    framework = FrameworkProfile(
-        name=FAMILY_FRAMEWORK[fam],
-        compute_efficiency=compute_efficiency,
-        attention_efficiency=attention_efficiency,
-    )
-    if fam == "bloom":
-        training = inst.training.model_copy(update={"framework": framework})
-        return replace(setup, instance=inst.model_copy(update={"training": training}))
-    if fam == "mpt":
-        return _mpt_setup(row, setup, framework)
-    model = inst.model.model_copy(update={"linear_bias": False})
-    if "Llama" in row["model_name"] or "Nemotron" in row["model_name"]:
-        model = model.model_copy(update={"position_embedding": "rope"})
-    training, plan = inst.training, setup.plan
-    if fam == "hagemann":
-        model = model.model_copy(
-            update={"activation": "swiglu", "norm": "rmsnorm", "position_embedding": "rope"}
-        )
-        training = training.model_copy(
-            update={"tp_comm_overlap": False, "overlap_param_gather": False}
-        )
-        kernel, fused_norm = HAGEMANN_KERNELS[(_note(row["notes"], "kernel") or "").strip()]
-        flash = kernel in FUSED_ATTENTION
-        plan = plan.model_copy(
-            update={"sequence_parallel": row["sequence_parallel"] == "y" and plan.tp > 1,
-                    "flash_attention": flash}
-        )  # fmt: skip
-        training = training.model_copy(
-            update={"flash_attention_available": flash, "attention_kernel": kernel,
-                    "fused_norm": fused_norm}
-        )  # fmt: skip
-    training = training.model_copy(update={"framework": framework})
-    instance = Instance(name=inst.name, model=model, cluster=inst.cluster, training=training)
-    return replace(setup, instance=instance, plan=plan)
-
-
-def _mpt_setup(row: dict[str, str], setup: RowSetup, framework: FrameworkProfile) -> RowSetup:
-    """llm-foundry MPT runs: ALiBi, no biases, no dropout, tied embeddings, FlashAttention 2, PyTorch
-    FSDP (FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2) with bf16 compute; A100 40 or 80 GB
-    as the row says."""
-    inst, plan = setup.instance, setup.plan
-    model = inst.model.model_copy(
-        update={"linear_bias": False, "position_embedding": "alibi", "tied_embeddings": True}
-    )
-    training = inst.training.model_copy(
-        update={"precision": "bf16", "flash_attention_available": True, "attention_kernel": "flash2",
-                "overlap_grad_reduce": False, "overlap_param_gather": False,
-                "tp_comm_overlap": False, "dropout": False, "framework": framework}
-    )  # fmt: skip
-    plan = plan.model_copy(
-        update={"dp_sharding": _fsdp_level(row), "distributed_optimizer": True,
-                "flash_attention": True, "sequence_parallel": False}
-    )  # fmt: skip
-    cluster = inst.cluster
-    if row["gpu_type"].startswith("A100") and row["gpu_mem_gb"] == "40":
-        gpu = resolve_gpu("a100-40gb")
-        nodes = tuple(gpu.name for _ in cluster.node_gpu_types)
-        cluster = cluster.model_copy(update={"gpu_types": {gpu.name: gpu}, "node_gpu_types": nodes})
-    instance = Instance(name=inst.name, model=model, cluster=cluster, training=training)
-    return replace(setup, instance=instance, plan=plan)
-
-
 def _measured(row: dict[str, str], fam: str) -> float:
     """Measured throughput in the family's convention (1/step time, TFLOP/s, tokens/s/GPU)."""
     if fam == "bloom":
@@ -303,7 +108,7 @@ def _measured(row: dict[str, str], fam: str) -> float:
     if fam == "mpt":
         found = re.search(r"tokens/s/GPU ([\d.]+)", row["notes"])
         return float(found.group(1)) if found else math.nan
-    step = _note(row["notes"], "step_time_s")
+    step = note(row["notes"], "step_time_s")
     return 1.0 / float(step) if step else math.nan
 
 
@@ -314,7 +119,7 @@ def evaluate_row(
     attention_efficiency: float | None = None,
 ) -> RunResult:
     """Predict one row; raises :class:`Skip` where the models cannot express it."""
-    _check_expressible(row)
+    check_expressible(row)
     fam = family(row)
     try:
         setup = run_setup(row, compute_efficiency, attention_efficiency)
@@ -345,7 +150,7 @@ def evaluate_row(
 
 def _kernel_label(row: dict[str, str], flash: bool) -> str:
     """The Hagemann ``kernel=`` note, elsewhere whether FlashAttention is modelled."""
-    kernel = _note(row["notes"], "kernel") if family(row) == "hagemann" else None
+    kernel = note(row["notes"], "kernel") if family(row) == "hagemann" else None
     return kernel or f"flash_attention={'y' if flash else 'n'}"
 
 

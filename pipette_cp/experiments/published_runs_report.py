@@ -38,11 +38,11 @@ from pipette_cp.experiments.calibration_split import FIT, HELD_OUT
 from pipette_cp.experiments.published_runs import (
     Baseline,
     RunResult,
-    fit_frameworks,
     format_baseline,
     run_baseline,
     summarise,
 )
+from pipette_cp.experiments.published_runs_fit import fit_frameworks
 
 SIDES = (FIT, HELD_OUT)
 
