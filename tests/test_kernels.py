@@ -116,3 +116,42 @@ def test_a_faster_kernel_never_slows_the_layer(tp: int, mb: int, seq: int, gpu) 
     assert activation_bytes_per_layer(LLAMA, base, plan) <= activation_bytes_per_layer(
         LLAMA, base.model_copy(update={"fused_norm": False}), plan
     )
+
+
+def test_a_plan_may_name_its_kernel():
+    plan = make_plan(num_layers=8, dp=1, pp=1, tp=1, micro_batch_size=1, attention_kernel="eager")
+    assert (plan.flash_attention, plan.layout()) == (False, "dp1-pp1-tp1-mb1-nofa-eager")
+    assert attention_kernel(_train(), plan, A100) == "eager"
+    again = type(plan).model_validate_json(plan.model_dump_json())
+    assert again == plan
+
+
+def test_the_search_chooses_among_the_available_kernels():
+    """Kernels as search knobs: the fastest plans use the fastest kernel the space allows."""
+    from conftest import small_instance
+
+    from pipette_cp.api import solve
+    from pipette_cp.search.space import enumerate_layouts
+    from pipette_cp.specs import SearchSpace
+
+    inst = small_instance(nodes=1, gpus_per_node=8)
+    llama = inst.model.model_copy(update={"norm": "rmsnorm"})
+    space = SearchSpace(attention_kernel=("eager", "flash1", "flash2"), fused_norm=(True, False),
+                        recompute=("none",), micro_batch_size=(1,), vpp=(1,))  # fmt: skip
+    inst = inst.model_copy(update={"model": llama, "search_space": space})
+    seen = {(p.attention_kernel, p.fused_norm) for p in enumerate_layouts(inst)}
+    assert seen == {(k, n) for k in ("eager", "flash1", "flash2") for n in (True, False)}
+    best = solve(inst, method="megatron-default", top_k=1, time_limit_s=20)[0]
+    assert (best.attention_kernel, best.fused_norm) == ("flash2", True)
+
+
+def test_flash3_in_the_search_space_needs_hopper():
+    from conftest import small_instance
+
+    from pipette_cp.search.space import enumerate_layouts
+    from pipette_cp.specs import SearchSpace
+
+    inst = small_instance()
+    inst = inst.model_copy(update={"search_space": SearchSpace(attention_kernel=("flash3",))})
+    with pytest.raises(SpecError, match=r"search_space\.attention_kernel=.*Hopper"):
+        list(enumerate_layouts(inst))

@@ -41,6 +41,16 @@ class ShardingChoice(StrEnum):
     optim_grads_params = "optim_grads_params"
 
 
+class KernelChoice(StrEnum):
+    eager = "eager"
+    sdpa_math = "sdpa-math"
+    fused_softmax = "fused-softmax"
+    flash1 = "flash1"
+    flash2 = "flash2"
+    flash3 = "flash3"
+    cudnn = "cudnn"
+
+
 class Predictor(StrEnum):
     analytic = "analytic"
     simulator = "simulator"
@@ -82,6 +92,12 @@ def predict(
         typer.Option(
             help="Data-parallel sharding: none, optim (ZeRO-1), optim_grads (ZeRO-2), "
             "optim_grads_params (ZeRO-3); overrides --dist-opt."
+        ),
+    ] = None,
+    attention_kernel: Annotated[
+        KernelChoice | None,
+        typer.Option(
+            help="Attention kernel of this plan (overrides --flash-attn and the stack's)."
         ),
     ] = None,
     placement: Annotated[
@@ -140,6 +156,7 @@ def predict(
             recompute=recompute.value,
             distributed_optimizer=dist_opt,
             dp_sharding=None if dp_sharding is None else dp_sharding.value,
+            attention_kernel=None if attention_kernel is None else attention_kernel.value,
             flash_attention=flash_attn,
             layer_split=_split(split),
             placement=placed,

@@ -111,7 +111,7 @@ def _elementwise_forward_bytes(model: ModelSpec, training: TrainingSpec, plan: P
     rows = tokens * h / (t if plan.sequence_parallel else 1)
     # Two norms (cost.kernels.norm_bytes: fused, read + write 2 B), two
     # bias-dropout-add (x, residual, out, mask).
-    total = rows * (2 * norm_bytes(model, training) + 2 * (6.0 + drop))
+    total = rows * (2 * norm_bytes(model, training, plan) + 2 * (6.0 + drop))
     # Bias-GeLU reads and writes T f/t; SwiGLU reads 2 T f/t and writes T f/t.
     total += tokens * f / t * (6.0 if model.activation == "swiglu" else 4.0)
     if model.position_embedding == "rope":

@@ -69,6 +69,7 @@ def _knobs(plan: Plan) -> tuple:
     return (
         plan.dp, plan.pp, plan.tp, plan.micro_batch_size, plan.vpp, plan.sequence_parallel,
         plan.recompute, plan.sharding, plan.flash_attention, plan.layer_split,
+        plan.attention_kernel, plan.fused_norm,
     )  # fmt: skip
 
 

@@ -42,18 +42,20 @@ def is_hopper(gpu: GpuSpec) -> bool:
     return any(tag in gpu.name.upper() for tag in ("H100", "H200"))
 
 
-def stack_kernel(training: TrainingSpec, gpu: GpuSpec) -> AttentionKernel:
-    """The stack's attention kernel on ``gpu`` (its default when the spec says none).
+def stack_kernel(training: TrainingSpec, gpu: GpuSpec, plan: Plan | None = None) -> AttentionKernel:
+    """The attention kernel of ``plan`` (if it names one), else of the stack, on ``gpu``
+    (Megatron-Core's default when neither says).
 
     Raises
     ------
     SpecError
         FlashAttention 3 on a GPU other than Hopper.
     """
-    kernel = training.attention_kernel or ("cudnn" if is_hopper(gpu) else "flash2")
+    named = plan.attention_kernel if plan is not None else None
+    kernel = named or training.attention_kernel or ("cudnn" if is_hopper(gpu) else "flash2")
     if kernel == "flash3" and not is_hopper(gpu):
         raise SpecError(
-            "training.attention_kernel",
+            "plan.attention_kernel" if named else "training.attention_kernel",
             kernel,
             f"FlashAttention 3 runs on Hopper GPUs (H100, H200) only, not {gpu.name}; "
             f"use one of flash2, flash1, cudnn, fused-softmax, eager, sdpa-math",
@@ -63,6 +65,8 @@ def stack_kernel(training: TrainingSpec, gpu: GpuSpec) -> AttentionKernel:
 
 def uses_fused_attention(training: TrainingSpec, plan: Plan) -> bool:
     """Whether the plan runs a fused attention kernel (no s x s scores stored)."""
+    if plan.attention_kernel is not None:
+        return plan.attention_kernel in FUSED_ATTENTION
     stack = training.attention_kernel
     fused = stack is None or stack in FUSED_ATTENTION
     return plan.flash_attention and training.flash_attention_available and fused
@@ -70,7 +74,7 @@ def uses_fused_attention(training: TrainingSpec, plan: Plan) -> bool:
 
 def attention_kernel(training: TrainingSpec, plan: Plan, gpu: GpuSpec) -> AttentionKernel:
     """The attention kernel ``plan`` runs on ``gpu``."""
-    kernel = stack_kernel(training, gpu)
+    kernel = stack_kernel(training, gpu, plan)
     if uses_fused_attention(training, plan):
         return kernel
     return kernel if kernel not in FUSED_ATTENTION else "fused-softmax"
@@ -84,11 +88,18 @@ def fused_attention_efficiency(kernel: AttentionKernel, gpu: GpuSpec, calibrated
     return FLASH1_RELATIVE * calibrated if kernel == "flash1" else calibrated
 
 
-def norm_bytes(model: ModelSpec, training: TrainingSpec) -> float:
-    """HBM bytes per element of one norm's forward (PyTorch's LayerNorm is one kernel)."""
-    return NORM_BYTES[training.fused_norm or model.norm != "rmsnorm"]
+def fused_norm(model: ModelSpec, training: TrainingSpec, plan: Plan) -> bool:
+    """Whether the norms run as fused kernels (the plan's choice, else the stack's;
+    PyTorch's LayerNorm is one kernel either way)."""
+    fused = training.fused_norm if plan.fused_norm is None else plan.fused_norm
+    return fused or model.norm != "rmsnorm"
 
 
-def unfused_norm_extra_bytes(model: ModelSpec, training: TrainingSpec) -> float:
+def norm_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
+    """HBM bytes per element of one norm's forward."""
+    return NORM_BYTES[fused_norm(model, training, plan)]
+
+
+def unfused_norm_extra_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
     """Bytes per element one norm keeps beyond its input (0 when fused)."""
-    return 0.0 if training.fused_norm or model.norm != "rmsnorm" else UNFUSED_NORM_EXTRA_BYTES
+    return 0.0 if fused_norm(model, training, plan) else UNFUSED_NORM_EXTRA_BYTES

@@ -162,7 +162,9 @@ def _full_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, plan:
     # Korthikanti et al. 2022 sec. 4.1: 2 norm inputs (2sbh each), QKV and FC1 inputs
     # (2sbh each), two 1-byte dropout masks (sbh each) -> 10sbh; replicated over tp
     # unless sequence parallel.  A norm written in PyTorch keeps more (cost.kernels).
-    replicated = tokens * h * (8.0 + 2.0 * drop + 2.0 * unfused_norm_extra_bytes(model, training))
+    replicated = (
+        tokens * h * (8.0 + 2.0 * drop + 2.0 * unfused_norm_extra_bytes(model, training, plan))
+    )
     if plan.sequence_parallel:
         replicated /= t
     # Same source, split over tp: Q, K (2 B each), V (2 B), output-projection input

@@ -109,8 +109,8 @@ class RobustResult:
 def _key(plan: Plan) -> tuple:
     return (
         plan.dp, plan.pp, plan.tp, plan.micro_batch_size, plan.vpp, plan.sequence_parallel,
-        plan.recompute, plan.distributed_optimizer, plan.flash_attention, plan.layer_split,
-        plan.placement,
+        plan.recompute, plan.sharding, plan.flash_attention, plan.layer_split,
+        plan.attention_kernel, plan.fused_norm, plan.placement,
     )  # fmt: skip
 
 

@@ -11,9 +11,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import product
 
+from pipette_cp.cost.kernels import is_hopper
+from pipette_cp.errors import SpecError
 from pipette_cp.specs import Instance, Plan, SearchSpace
 from pipette_cp.specs.layouts import make_plan
-from pipette_cp.specs.training import FUSED_ATTENTION, GRADIENT_SHARDING, Sharding
+from pipette_cp.specs.training import FUSED_ATTENTION, GRADIENT_SHARDING, AttentionKernel, Sharding
 
 
 def divisors(n: int) -> list[int]:
@@ -80,9 +82,10 @@ def enumerate_layouts(instance: Instance, space: SearchSpace | None = None) -> I
     """
     space = space or instance.search_space
     model, training = instance.model, instance.training
-    fused = training.attention_kernel in (None, *FUSED_ATTENTION)
-    available = training.flash_attention_available and fused
-    flash = [f for f in space.flash_attention if available or not f] or [False]
+    kernels = _kernel_choices(instance, space)
+    norms: list[bool | None] = [None]
+    if space.fused_norm is not None and model.norm == "rmsnorm":  # LayerNorm: one kernel
+        norms = list(space.fused_norm)
     for d in degrees(instance, space):
         for mb in space.micro_batch_size:
             if training.global_batch_size % (d.dp * mb):
@@ -94,8 +97,9 @@ def enumerate_layouts(instance: Instance, space: SearchSpace | None = None) -> I
                 if v == 1 or (d.pp > 1 and model.num_layers >= d.pp * v and m % d.pp == 0)
             ]
             sps = sorted({sp and d.tp > 1 for sp in space.sequence_parallel}, reverse=True)
-            for vpp, sp, recompute, sharding, fa in product(
-                vpps, sps, space.recompute, _sharding_levels(space, d.dp, d.pp), flash
+            levels = _sharding_levels(space, d.dp, d.pp)
+            for vpp, sp, recompute, sharding, (fa, kernel), norm in product(
+                vpps, sps, space.recompute, levels, kernels, norms
             ):
                 yield make_plan(
                     num_layers=model.num_layers,
@@ -108,7 +112,36 @@ def enumerate_layouts(instance: Instance, space: SearchSpace | None = None) -> I
                     recompute=recompute,
                     dp_sharding=sharding,
                     flash_attention=fa,
+                    attention_kernel=kernel,
+                    fused_norm=norm,
                 )
+
+
+def _kernel_choices(
+    instance: Instance, space: SearchSpace
+) -> list[tuple[bool, AttentionKernel | None]]:
+    """(flash_attention, attention_kernel) pairs to try: the space's kernels, or the
+    stack's kernel with the space's FlashAttention on/off where the stack has it.
+
+    Raises
+    ------
+    SpecError
+        FlashAttention 3 asked for on a cluster with GPUs other than Hopper.
+    """
+    training = instance.training
+    if space.attention_kernel is None:
+        fused = training.attention_kernel in (None, *FUSED_ATTENTION)
+        available = training.flash_attention_available and fused
+        flash = [f for f in space.flash_attention if available or not f] or [False]
+        return [(f, None) for f in flash]
+    others = [g.name for g in instance.cluster.gpu_types.values() if not is_hopper(g)]
+    if "flash3" in space.attention_kernel and others:
+        raise SpecError(
+            "search_space.attention_kernel",
+            space.attention_kernel,
+            f"flash3 runs on Hopper GPUs (H100, H200) only; the cluster has {others[0]}",
+        )
+    return [(k in FUSED_ATTENTION, k) for k in space.attention_kernel]
 
 
 def _sharding_levels(space: SearchSpace, dp: int, pp: int) -> list[Sharding]:

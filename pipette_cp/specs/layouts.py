@@ -9,7 +9,7 @@ r-th GPU of the hostfile order.  That is the ``megatron-default`` placement.
 from __future__ import annotations
 
 from pipette_cp.specs.plan import Plan
-from pipette_cp.specs.training import Recompute, Sharding
+from pipette_cp.specs.training import FUSED_ATTENTION, AttentionKernel, Recompute, Sharding
 
 
 def even_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, ...]:
@@ -59,6 +59,8 @@ def make_plan(
     distributed_optimizer: bool = False,
     flash_attention: bool = True,
     dp_sharding: Sharding | None = None,
+    attention_kernel: AttentionKernel | None = None,
+    fused_norm: bool | None = None,
     layer_split: tuple[int, ...] | None = None,
     placement: tuple[tuple[int, ...], ...] | None = None,
 ) -> Plan:
@@ -73,7 +75,11 @@ def make_plan(
         recompute=recompute,
         distributed_optimizer=distributed_optimizer or dp_sharding not in (None, "none"),
         dp_sharding=dp_sharding,
-        flash_attention=flash_attention,
+        flash_attention=flash_attention
+        if attention_kernel is None
+        else attention_kernel in FUSED_ATTENTION,
+        attention_kernel=attention_kernel,
+        fused_norm=fused_norm,
         layer_split=layer_split or even_split(num_layers, pp, vpp),
         placement=placement or megatron_placement(dp, pp, tp),
     )

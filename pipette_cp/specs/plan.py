@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from pipette_cp.specs._base import FrozenSpec
-from pipette_cp.specs.training import Recompute, Sharding
+from pipette_cp.specs.training import FUSED_ATTENTION, AttentionKernel, Recompute, Sharding
 
 
 class Evaluation(FrozenSpec):
@@ -74,6 +74,15 @@ class Plan(FrozenSpec):
     sequence_parallel: bool = Field(default=False, description="Megatron --sequence-parallel.")
     recompute: Recompute = Field(default="none", description="Activation recomputation.")
     distributed_optimizer: bool = Field(default=False, description="ZeRO-1 optimizer sharding.")
+    attention_kernel: AttentionKernel | None = Field(
+        default=None,
+        description="The attention kernel this plan runs (sets flash_attention: on for the "
+        "fused ones); None: the training stack's (training.attention_kernel).",
+    )
+    fused_norm: bool | None = Field(
+        default=None,
+        description="Whether this plan runs fused norm kernels; None: as training.fused_norm.",
+    )
     dp_sharding: Sharding | None = Field(
         default=None,
         description="Data-parallel sharding (Megatron-FSDP's names): none, optim (ZeRO-1, the "
@@ -94,9 +103,12 @@ class Plan(FrozenSpec):
     @model_validator(mode="before")
     @classmethod
     def _sharding_sets_distributed_optimizer(cls, data: object) -> object:
-        """A given ``dp_sharding`` decides ``distributed_optimizer`` (on from optim up)."""
+        """A given ``dp_sharding`` decides ``distributed_optimizer`` (on from optim up), a
+        given ``attention_kernel`` decides ``flash_attention`` (on for the fused ones)."""
         if isinstance(data, dict) and data.get("dp_sharding") is not None:
-            return {**data, "distributed_optimizer": data["dp_sharding"] != "none"}
+            data = {**data, "distributed_optimizer": data["dp_sharding"] != "none"}
+        if isinstance(data, dict) and data.get("attention_kernel") is not None:
+            data = {**data, "flash_attention": data["attention_kernel"] in FUSED_ATTENTION}
         return data
 
     @model_validator(mode="after")
@@ -151,4 +163,8 @@ class Plan(FrozenSpec):
             parts.append(_SHARDING_LABEL[self.sharding])
         if not self.flash_attention:
             parts.append("nofa")
+        if self.attention_kernel is not None:
+            parts.append(self.attention_kernel)
+        if self.fused_norm is False:
+            parts.append("nofusednorm")
         return "-".join(parts)

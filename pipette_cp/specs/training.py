@@ -157,6 +157,15 @@ class SearchSpace(FrozenSpec):
         description="Data-parallel sharding levels to try (none, optim, optim_grads, "
         "optim_grads_params); None: none and optim as distributed_optimizer allows.",
     )
+    attention_kernel: tuple[AttentionKernel, ...] | None = Field(
+        default=None,
+        description="Attention kernels the stack has and the search may choose among "
+        "(replaces flash_attention); None: the training stack's kernel only.",
+    )
+    fused_norm: tuple[bool, ...] | None = Field(
+        default=None,
+        description="Fused norm kernels on / off to try; None: as training.fused_norm.",
+    )
     use_all_gpus: bool = Field(
         default=True, description="Whether dp x pp x tp must equal the number of GPUs."
     )
@@ -174,7 +183,13 @@ class SearchSpace(FrozenSpec):
         return values
 
     @field_validator(
-        "sequence_parallel", "recompute", "distributed_optimizer", "flash_attention", "dp_sharding"
+        "sequence_parallel",
+        "recompute",
+        "distributed_optimizer",
+        "flash_attention",
+        "dp_sharding",
+        "attention_kernel",
+        "fused_norm",
     )
     @classmethod
     def _not_empty(cls, values: tuple | None) -> tuple | None:
