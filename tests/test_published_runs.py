@@ -149,3 +149,14 @@ def test_report_plot_and_csv_on_a_few_rows(tmp_path):
     assert list(written[0]) == list(CSV_COLUMNS)
     assert {r["outcome"] for r in written} == {"ran", "OOM"}
     assert any(r["measured_mem_gib"] != "nan" for r in written)
+
+
+def test_the_calibration_rows_are_reported_too():
+    """The 27 rows the compute model was fitted on go through the same report (all on
+    the fit side), each family in its own TFLOP/s convention."""
+    baseline = run_baseline(CALIBRATION_CSV, calibration=True)
+    assert len(baseline.results) == 27 and not baseline.skipped
+    assert {r.family for r in baseline.results} == {"sc21", "gpt3", "mcore", "bloom"}
+    assert all(r.side == FIT for r in baseline.results)
+    ran = [r for r in baseline.results if math.isfinite(r.measured)]
+    assert ran and all(0.5 < r.ratio < 2.0 for r in ran)

@@ -54,6 +54,7 @@ from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.experiments.accuracy import read_rows
 from pipette_cp.experiments.calibration_split import HELD_OUT, assign_split, family, sweep_key
 from pipette_cp.experiments.published_runs_setup import (
+    TFLOPS_FAMILIES,
     Skip,
     check_expressible,
     complete_row,
@@ -103,7 +104,7 @@ class RunResult:
 
 def _measured(row: dict[str, str], fam: str) -> float:
     """Measured throughput in the family's convention (1/step time, TFLOP/s, tokens/s/GPU)."""
-    if fam == "bloom":
+    if fam in TFLOPS_FAMILIES:
         return float(row["measured_tflops_per_gpu"] or "nan")
     if fam == "mpt":
         found = re.search(r"tokens/s/GPU ([\d.]+)", row["notes"])
@@ -126,8 +127,9 @@ def evaluate_row(
         evaluation = Evaluator(setup.instance).evaluate(setup.plan)
     except (ValueError, KeyError) as error:
         raise Skip(f"layout not expressible ({type(error).__name__})") from error
-    if fam == "bloom":
-        predicted = evaluation.hardware_tflops_per_gpu
+    if fam in TFLOPS_FAMILIES:  # the source's convention (accuracy.py: model or hardware)
+        model = setup.metric == "model"
+        predicted = evaluation.model_tflops_per_gpu if model else evaluation.hardware_tflops_per_gpu
     elif fam == "mpt":
         predicted = evaluation.tokens_per_s / setup.plan.num_gpus
     else:
@@ -168,10 +170,13 @@ def run_baseline(
     compute_efficiency: float | None = None,
     attention_efficiency: float | None = None,
     families: tuple[str, ...] | None = None,
+    *,
+    calibration: bool = False,
 ) -> Baseline:
-    """Evaluate the rows of ``path`` (the first ``limit`` expressible ones if given)."""
+    """Evaluate the rows of ``path`` (the first ``limit`` expressible ones if given;
+    ``calibration``: the compute calibration's own rows, all on the fit side)."""
     rows = read_rows(path)
-    sides = assign_split(rows)
+    sides = assign_split(rows, calibration=calibration)
     results: list[RunResult] = []
     skipped: Counter[tuple[str, str, str]] = Counter()
     for row, side in zip(rows, sides, strict=True):

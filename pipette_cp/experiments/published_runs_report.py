@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipette_cp.experiments.accuracy import CALIBRATION_CSV
 from pipette_cp.experiments.calibration_split import FIT, HELD_OUT
 from pipette_cp.experiments.published_runs import (
     Baseline,
@@ -317,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     baseline = run_baseline()
     print(format_baseline(baseline))
+    print("\nThe compute calibration's own 27 rows (published_runs_calibration.csv, all fitted):")
+    print(format_baseline(run_baseline(CALIBRATION_CSV, calibration=True)))
     print()
     print(format_report(baseline))
     if args.plot:

@@ -52,7 +52,7 @@ def check_expressible(row: dict[str, str]) -> None:
         raise Skip("FSDP strategy not modelled (hybrid sharding)")
     if (note(notes, "context_parallel") or note(notes, "cp") or "1") != "1":
         raise Skip("context parallelism (not modelled)")
-    if fam not in ("hagemann", "bloom", "dgxc", "mpt"):
+    if fam not in FAMILY_FRAMEWORK:
         raise Skip(f"family {fam} (not modelled)")
     if "OOM" not in notes and "Error" in notes:
         raise Skip("run failed, not OOM")
@@ -83,7 +83,13 @@ FAMILY_FRAMEWORK = {
     "bloom": "megatron-deepspeed",
     "dgxc": "nemo",
     "mpt": "llm-foundry",
+    # the 27 calibration rows (published_runs_calibration.csv), set up as accuracy.py does
+    "sc21": "megatron-lm",
+    "gpt3": "megatron-lm",
+    "mcore": "megatron-core",
 }
+#: Families measured in TFLOP/s per GPU (the setup's model or hardware convention).
+TFLOPS_FAMILIES = ("bloom", "sc21", "gpt3", "mcore")
 #: PyTorch FSDP sharding strategies as sharding levels (HYBRID_SHARD is not modelled).
 FSDP_LEVELS: dict[str, Sharding] = {
     "FULL_SHARD": "optim_grads_params",
@@ -110,7 +116,7 @@ def run_setup(
         compute_efficiency=compute_efficiency,
         attention_efficiency=attention_efficiency,
     )
-    if fam == "bloom":
+    if fam in TFLOPS_FAMILIES:  # Megatron-style runs: accuracy.py's own setup
         training = inst.training.model_copy(update={"framework": framework})
         return replace(setup, instance=inst.model_copy(update={"training": training}))
     if fam == "mpt":
