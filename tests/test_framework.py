@@ -71,3 +71,25 @@ def test_a_given_compute_efficiency_holds_on_every_gpu():
     assert FRAMEWORKS["llm-foundry"].compute_scale("H100") < FRAMEWORKS[
         "llm-foundry"
     ].compute_scale("A100")
+
+
+def test_gradient_bytes_set_memory_and_the_wire():
+    """A framework with bf16 gradients keeps 2 B per parameter and sends 2 B per element;
+    the placement model reads the same bytes as the evaluator (its bound stays valid)."""
+    from conftest import small_instance
+
+    from pipette_cp.cost.dp_collectives import gradient_wire_bytes
+    from pipette_cp.cost.evaluate import Evaluator
+    from pipette_cp.solvers.placement.build import build_placement_data
+
+    assert gradient_wire_bytes(_train("megatron-core")) == 4.0
+    assert gradient_wire_bytes(_train("aleph-alpha")) == 2.0
+    plan = make_plan(num_layers=8, dp=4, pp=2, tp=1, micro_batch_size=1)
+    base = small_instance(nodes=2, gpus_per_node=4)
+    rings, syncs = [], []
+    for name in ("megatron-core", "aleph-alpha"):
+        training = base.training.model_copy(update={"framework": FrameworkProfile(name=name)})
+        inst = base.model_copy(update={"training": training})
+        rings.append(build_placement_data(inst, plan).ring_bytes)
+        syncs.append(Evaluator(inst).evaluate(plan).breakdown_s["dp_comm"])
+    assert (rings[1] * 2 == rings[0]).all() and syncs[1] < syncs[0]

@@ -18,6 +18,7 @@ import numpy as np
 
 from pipette_cp.cost import comm
 from pipette_cp.cost.compute import LayerTimes
+from pipette_cp.cost.framework import resolve_framework
 from pipette_cp.cost.memory import layer_params_per_gpu
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
@@ -27,10 +28,17 @@ from pipette_cp.units import BYTES_PER_ELEMENT
 Ops = list[tuple[comm.Collective, np.ndarray]]
 
 
+def gradient_wire_bytes(training: TrainingSpec) -> float:
+    """Bytes per gradient element on the wire: under bf16 the framework's gradient
+    buffer (Megatron reduces its fp32 buffer: 4), under fp16 the 2-byte gradients."""
+    if training.precision == "bf16":
+        return resolve_framework(training.framework).gradient_bytes
+    return float(BYTES_PER_ELEMENT[training.precision])
+
+
 def _bytes(training: TrainingSpec) -> tuple[float, float]:
-    """(parameter, gradient) bytes per element on the wire (fp32 gradients under bf16)."""
-    elem = float(BYTES_PER_ELEMENT[training.precision])
-    return elem, 4.0 if training.precision == "bf16" else elem
+    """(parameter, gradient) bytes per element on the wire."""
+    return float(BYTES_PER_ELEMENT[training.precision]), gradient_wire_bytes(training)
 
 
 def step_collectives(training: TrainingSpec, plan: Plan, params: np.ndarray) -> Ops:

@@ -23,6 +23,7 @@ from pipette_cp.cost import comm
 from pipette_cp.cost.compute import chunk_times, layer_times, optimizer_step_time_s
 from pipette_cp.cost.dp_collectives import (
     exposed_per_layer,
+    gradient_wire_bytes,
     per_layer_collectives,
     step_collectives,
 )
@@ -280,7 +281,7 @@ class Evaluator:
                 stages = self._sharded_exposure(plan, stages, stage_gpu, stage_bw, rings)
         embedding = 0.0
         if tied:  # all-reduce of the word-embedding gradient between its two copies
-            grad_bytes = 4.0 if training.precision == "bf16" else 2.0  # as step_collectives
+            grad_bytes = gradient_wire_bytes(training)
             size = padded_vocab_size(model, tp) * model.hidden_size / tp * grad_bytes
             pair_bw, pair_lat = bw[e0:end].reshape(2, -1).T, lat[e0:end].reshape(2, -1).T
             embedding = float(comm.ring_time_from_links(pair_bw, pair_lat, size).max())

@@ -13,6 +13,7 @@ import numpy as np
 
 from pipette_cp.cost import comm
 from pipette_cp.cost.compute import chunk_times, optimizer_step_time_s
+from pipette_cp.cost.dp_collectives import gradient_wire_bytes
 from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.cost.memory import (
     memory_by_stage,
@@ -134,7 +135,7 @@ def _stage_tables(
     usable = np.array([usable_memory_bytes(cluster.gpu_types[t]) for t in types])
     allowed = (memory[:, None] <= usable[None, :]) & (capacity > 0)[None, :]
     elem = BYTES_PER_ELEMENT[training.precision]
-    grad = 4.0 if training.precision == "bf16" else float(elem)
+    grad = gradient_wire_bytes(training)  # as the evaluator
     dp = plan.dp
     params = np.array([stage_params_per_gpu(model, plan, s) for s in range(plan.pp)])
     sync = comm._RING_FACTOR["reduce_scatter" if plan.distributed_optimizer else "all_reduce"]
