@@ -48,6 +48,7 @@ import numpy as np
 from pipette_cp.clusters.expand import cluster_from_node_matrix
 from pipette_cp.cost import calibration as calib
 from pipette_cp.cost.memory import memory_by_stage
+from pipette_cp.experiments.calibration_split import family as source_family
 from pipette_cp.io.paths import INSTANCES_DIR
 from pipette_cp.specs.gpu import resolve_gpu
 from pipette_cp.specs.instance import Instance
@@ -150,14 +151,10 @@ def read_rows(path: Path = CALIBRATION_CSV) -> list[dict[str, str]]:
 
 
 def _kind(row: dict[str, str]) -> str:
-    source = row["source"]
-    if source.startswith("Narayanan"):
-        return "sc21"
-    if "GPT-3 Example" in source:
-        return "gpt3"
-    if "bigscience" in source:
-        return "bloom"
-    return "mcore"
+    """How a row is set up: its source family where it has its own conventions (SC21,
+    the GPT-3 example, BigScience), Megatron-Core's settings otherwise."""
+    fam = source_family(row)
+    return fam if fam in ("sc21", "gpt3", "bloom") else "mcore"
 
 
 def _int(value: str, default: int) -> int:
