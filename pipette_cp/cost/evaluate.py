@@ -209,7 +209,9 @@ class Evaluator:
         model, training = self.instance.model, self.instance.training
         ops = per_layer_collectives(model, training, plan)
         rs, ag = self._dp_times(plan, rings[0], rings[1], rings[2], ops)
-        times = layer_times(model, training, stage_gpu[0], plan, float(stage_bw[0]))
+        args = (model, training, stage_gpu[0], plan, float(stage_bw[0]))
+        key = ("layer", _knobs(plan), stage_gpu[0].name, args[-1])
+        times = self._cached(key, partial(layer_times, *args))
         fwd, bwd = exposed_per_layer(plan, times, float(rs[0]), float(ag[0]))
         n = np.asarray(plan.layer_split, dtype=float)
         exposed = num_micro_batches(self.instance, plan) * (fwd + bwd) * float(n.sum())

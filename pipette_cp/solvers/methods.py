@@ -108,8 +108,9 @@ def split_then_place(
     total = options.time_limit_s
     deadline = started + total
     plan = skeleton
+    evaluator = Evaluator(instance)
     try:
-        Evaluator(instance).iteration_time(plan)
+        evaluator.iteration_time(plan)
     except PipetteError:
         first = replace(options, time_limit_s=SPLIT_SHARE * total)
         plan = exact_placement(instance, plan, first, backend)
@@ -119,7 +120,6 @@ def split_then_place(
     placed = exact_placement(instance, plan, replace(options, time_limit_s=left), backend)
     split_proven = split.status == "optimal" and placed.placement == plan.placement
     place_proven = placed.solve_info is not None and placed.solve_info.status == "optimal"
-    evaluator = Evaluator(instance)
     objective = evaluator.iteration_time(placed)
     if placed.placement != plan.placement:  # the split was costed on another placement
         limit = max(deadline - time.perf_counter(), RESPLIT_MIN_S)
@@ -139,7 +139,7 @@ def split_then_place(
         update={"objective": objective, "wall_time_s": time.perf_counter() - started}
     )
     result = placed.model_copy(update={"solve_info": info})
-    return guard_optimal_claim(instance, result, options.constraints)
+    return guard_optimal_claim(instance, result, options.constraints, evaluator)
 
 
 def cpsat(instance: Instance, skeleton: Plan, options: SolveOptions) -> Plan:

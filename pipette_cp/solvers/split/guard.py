@@ -38,11 +38,13 @@ from pipette_cp.specs.layouts import even_split
 STRICT_ENV = "PIPETTE_CP_STRICT_CLAIMS"
 
 
-def reference_splits(instance: Instance, plan: Plan) -> dict[str, tuple[int, ...]]:
+def reference_splits(
+    instance: Instance, plan: Plan, evaluator: Evaluator | None = None
+) -> dict[str, tuple[int, ...]]:
     """The splits an optimal one must not lose to, by name (each may not fit)."""
     layers, chunks = instance.model.num_layers, plan.pp * plan.vpp
     refs = {"even split": even_split(layers, plan.pp, plan.vpp)}
-    cost = split_cost(instance, plan, chunk_spread=CHUNK_SPREAD)
+    cost = split_cost(instance, plan, evaluator, chunk_spread=CHUNK_SPREAD)
     try:
         cost.require_feasible()
         refs["memory-greedy split"] = tuple(int(n) for n in feasible_start(cost))
@@ -67,7 +69,7 @@ def claim_violations(
     ev = evaluator or Evaluator(instance, validate=False)
     mine = ev.iteration_time(plan)
     found = []
-    for name, split in reference_splits(instance, plan).items():
+    for name, split in reference_splits(instance, plan, ev).items():
         if split == plan.layer_split:
             continue
         ref = plan.model_copy(update={"layer_split": split, "evaluation": None})
