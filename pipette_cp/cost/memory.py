@@ -145,12 +145,6 @@ def state_bytes_per_param(training: TrainingSpec, plan: Plan) -> tuple[float, fl
 
 
 # -------------------------------------------------------------------- activations
-def uses_flash_attention(training: TrainingSpec, plan: Plan) -> bool:
-    """Whether the plan runs a fused (FlashAttention-style) kernel: asked for, available
-    and fused on the stack (:func:`pipette_cp.cost.kernels.uses_fused_attention`)."""
-    return uses_fused_attention(training, plan)
-
-
 def _full_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
     """Bytes one layer stores for one micro-batch without any recomputation."""
     s, b, t = training.seq_length, plan.micro_batch_size, plan.tp
@@ -177,7 +171,7 @@ def _full_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, plan:
     # Same source: softmax output (2as^2b), dropout mask (as^2b) and output (2as^2b);
     # FlashAttention keeps only the fp32 log-sum-exp per row (4 B x a s b).
     heads = model.num_attention_heads
-    if uses_flash_attention(training, plan):
+    if uses_fused_attention(training, plan):
         core = 4.0 * heads * s * b / t
     elif plan.recompute == "selective":
         core = 0.0
