@@ -278,7 +278,8 @@ def _temporary_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> fl
         temp += full
     if plan.sharding in GRADIENT_SHARDING:
         # ZeRO-2/3: one layer's full gradient before its reduce-scatter; ZeRO-3 also the
-        # gathered weights of the layer in use and of the one prefetched (2 layers).
+        # gathered weights of the layer in use and of the one prefetched (2 layers; FSDP
+        # prefetches one unit ahead: Zhao et al. 2023, "PyTorch FSDP", sec. 3.3).
         fw = resolve_framework(training.framework)
         layer = layer_params_per_gpu(model, plan.tp)
         temp += layer * fw.gradient_bytes
