@@ -8,7 +8,8 @@ from pipette_cp.cost.compute import layer_times
 from pipette_cp.cost.framework import FRAMEWORKS, resolve_framework
 from pipette_cp.cost.memory import state_bytes_per_param
 from pipette_cp.errors import SpecError
-from pipette_cp.experiments.published_runs_fit import fit_frameworks
+from pipette_cp.experiments.published_runs import run_baseline
+from pipette_cp.experiments.published_runs_fit import fit_frameworks, fit_memory_margins
 from pipette_cp.specs import ModelSpec, TrainingSpec, resolve_gpu
 from pipette_cp.specs.layouts import make_plan
 from pipette_cp.specs.training import FrameworkProfile
@@ -63,6 +64,12 @@ def test_catalogue_efficiencies_are_the_fit():
         fw = FRAMEWORKS[name]
         assert fw.compute_scale(gpu) == pytest.approx(compute, abs=2e-3), (name, gpu)
         assert fw.attention_efficiency == attention, name
+
+
+def test_catalogue_memory_margins_are_the_fit():
+    """The memory margins in the catalogue are what the fit rule gives on the fit side."""
+    for name, margin in fit_memory_margins(run_baseline()).items():
+        assert FRAMEWORKS[name].memory_margin == margin, name
 
 
 def test_a_given_compute_efficiency_holds_on_every_gpu():

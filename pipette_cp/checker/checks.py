@@ -145,8 +145,8 @@ def check_no_failed_link(instance: Instance, plan: Plan) -> list[Violation]:
 
 
 def check_memory_limit(instance: Instance, plan: Plan) -> list[Violation]:
-    """Every GPU's predicted peak memory within the usable memory of its type."""
-    cluster = instance.cluster
+    """Every GPU's memory bound (peak + calibrated margin) within the usable memory of its type."""
+    cluster, training = instance.cluster, instance.training
     found = []
     for stage, breakdown in enumerate(memory_by_stage(instance.model, instance.training, plan)):
         gpus = [
@@ -154,12 +154,12 @@ def check_memory_limit(instance: Instance, plan: Plan) -> list[Violation]:
         ]
         types = {cluster.gpu_of_node(cluster.node_of(g)) for g in gpus}
         smallest = min(types, key=usable_memory_bytes)
-        limit = usable_memory_bytes(smallest)
-        if breakdown.total_bytes > limit:
+        limit = usable_memory_bytes(smallest, training)
+        if breakdown.bound_bytes > limit:
             found.append(
                 Violation(
                     "memory_limit",
-                    f"stage {stage} needs {breakdown.total_bytes / 1e9:.2f} GB per GPU, "
+                    f"stage {stage} needs up to {breakdown.bound_bytes / 1e9:.2f} GB per GPU, "
                     f"{smallest.name} has {limit / 1e9:.2f} GB usable",
                 )
             )

@@ -56,6 +56,50 @@ GlobalBatchOption = Annotated[
 SeqLengthOption = Annotated[
     int | None, typer.Option("--seq-length", help="Replace the sequence length (tokens).")
 ]
+FrameworkOption = Annotated[
+    str | None,
+    typer.Option(
+        "--framework",
+        help="Replace the training framework: megatron-core, megatron-lm, nemo, "
+        "megatron-deepspeed, megatron-deepspeed-bf16, aleph-alpha, llm-foundry, torchtitan.",
+    ),
+]
+MemoryHeadroomOption = Annotated[
+    str | None,
+    typer.Option(
+        "--memory-headroom",
+        help="Memory kept free per GPU: GiB (e.g. 4 or 4GiB) or a fraction or percentage "
+        "of its memory (0.05, 5%) [default: 2%, at least 1 GiB].",
+    ),
+]
+
+
+def parse_headroom(text: str) -> dict[str, float | None]:
+    """``--memory-headroom`` as the training fields it sets: ``4`` / ``4GiB`` -> 4 GiB in
+    bytes, ``0.05`` / ``5%`` -> the fraction 0.05.
+
+    >>> parse_headroom("4GiB")["memory_headroom_bytes"] == 4 * 2**30
+    True
+    >>> parse_headroom("5%"), parse_headroom("0.1")["memory_headroom_fraction"]
+    ({'memory_headroom_bytes': None, 'memory_headroom_fraction': 0.05}, 0.1)
+    """
+    raw = text.strip()
+    lowered = raw.lower()
+    percent = lowered.endswith("%")
+    number = lowered.removesuffix("%").removesuffix("gib").removesuffix("gb").strip()
+    try:
+        value = float(number)
+    except ValueError:
+        value = float("nan")
+    gib = lowered.endswith(("gib", "gb"))
+    if not value > 0 or value == float("inf") or (percent and value >= 100) or (gib and value < 1):
+        raise SpecError(
+            "--memory-headroom", raw,
+            "expected GiB from 1 up (4, 4GiB), a fraction below 1 (0.05) or a percentage (5%)",
+        )  # fmt: skip
+    if percent or value < 1:
+        return {"memory_headroom_bytes": None, "memory_headroom_fraction": value / 100 if percent else value}  # fmt: skip
+    return {"memory_headroom_bytes": value * 2**30, "memory_headroom_fraction": None}
 
 
 @dataclass(frozen=True)
@@ -68,6 +112,8 @@ class Replacements:
     profile: ProfileOption = None
     global_batch: GlobalBatchOption = None
     seq_length: SeqLengthOption = None
+    framework: FrameworkOption = None
+    memory_headroom: MemoryHeadroomOption = None
 
     def any(self) -> bool:
         """Whether anything is replaced (the instance file no longer describes the job)."""
@@ -80,7 +126,8 @@ NO_REPLACEMENTS = Replacements()
 
 def instance_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Give ``command`` the options of :class:`Replacements` (``--model``, ``--cluster``,
-    ``--profile``, ``--global-batch``, ``--seq-length``) in place of its ``replace``
+    ``--profile``, ``--global-batch``, ``--seq-length``, ``--framework``,
+    ``--memory-headroom``) in place of its ``replace``
     parameter, which receives them as one :class:`Replacements`."""
     signature = inspect.signature(command, eval_str=True)
     params = list(signature.parameters.values())
@@ -115,11 +162,12 @@ def resolve_instance(instance: str, replace: Replacements) -> Instance:
         update["cluster"] = read_cluster_file(cluster)
     if profile is not None:
         update["profile"] = load_layer_profile(profile)
-    training = {
-        k: v
-        for k, v in (("global_batch_size", global_batch), ("seq_length", seq_length))
-        if v is not None
-    }
+    framework = None if replace.framework is None else {"name": replace.framework}
+    pairs = (("global_batch_size", global_batch), ("seq_length", seq_length),
+             ("framework", framework))  # fmt: skip
+    training = {k: v for k, v in pairs if v is not None}
+    if replace.memory_headroom is not None:  # replaces either headroom field
+        training.update(parse_headroom(replace.memory_headroom))
     if training:
         update["training"] = validate_spec(
             TrainingSpec, {**inst.training.model_dump(), **training}, "training"

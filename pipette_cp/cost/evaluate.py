@@ -109,7 +109,8 @@ class Evaluator:
         node_gpu = [cluster.gpu_of_node(i) for i in range(cluster.num_nodes)]
         self._gpu_of_gpu = [node_gpu[i // cluster.gpus_per_node] for i in range(cluster.num_gpus)]
         self._peak = np.array([gpu.peak_flops_per_s for gpu in self._gpu_of_gpu])
-        self._usable = np.array([usable_memory_bytes(gpu) for gpu in self._gpu_of_gpu])
+        training = instance.training
+        self._usable = np.array([usable_memory_bytes(g, training) for g in self._gpu_of_gpu])
         self._model_flops = model_flops_per_iteration(instance.model, instance.training)
         self._mixed = len(cluster.gpu_types) > 1
         self._cache: dict[tuple, Any] = {}
@@ -346,7 +347,7 @@ class Evaluator:
             "optimizer": tail.optimizer_s,
         }
         inst, total, n, key = self.instance, tail.total_s, plan.num_gpus, _knobs(plan)
-        stages, by_stage = self._cached(("memory", key), lambda: self._memory(plan))
+        stages, bounds, by_bound = self._cached(("memory", key), lambda: self._memory(plan))
         limit, peak = self._limits(gpus.reshape(plan.pp, -1))
         hw = self._cached(
             ("hfu", key), lambda: hardware_flops_per_iteration(inst.model, inst.training, plan)
@@ -359,17 +360,19 @@ class Evaluator:
             hardware_tflops_per_gpu=hw / total / n / TFLOPS,
             mfu=self._model_flops / (total * peak), hfu=hw / (total * peak),
             memory_bytes_by_stage=stages, memory_bytes_max=max(stages),
-            memory_limit_bytes=float(limit.min()), fits=bool((by_stage <= limit).all()),
+            memory_bound_bytes_by_stage=bounds, memory_margin_bytes=float((limit - by_bound).min()),
+            memory_limit_bytes=float(limit.min()), fits=bool((by_bound <= limit).all()),
             breakdown_s=breakdown, model=predictor,
         )  # fmt: skip
 
-    def _memory(self, plan: Plan) -> tuple[tuple[float, ...], np.ndarray]:
-        """Peak memory per stage, as a tuple and as an array."""
+    def _memory(self, plan: Plan) -> tuple[tuple[float, ...], tuple[float, ...], np.ndarray]:
+        """Peak memory and its upper bound per stage, tuples, and the bounds as an array."""
         inst = self.instance
-        stages = tuple(b.total_bytes for b in memory_by_stage(inst.model, inst.training, plan))
-        array = np.array(stages)
+        memory = memory_by_stage(inst.model, inst.training, plan)
+        bounds = tuple(b.bound_bytes for b in memory)
+        array = np.array(bounds)
         array.flags.writeable = False
-        return stages, array
+        return tuple(b.total_bytes for b in memory), bounds, array
 
     def _limits(self, by_stage: np.ndarray) -> tuple[np.ndarray, float]:
         """Usable memory of each stage's smallest GPU and the summed peak FLOP/s of the

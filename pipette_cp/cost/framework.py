@@ -37,6 +37,10 @@ class Framework:
     attention_efficiency: float = 1.0
     #: per GPU family (``GpuCalibration.gpu_family``), a factor on ``compute_efficiency``
     gpu_efficiency: tuple[tuple[str, float], ...] = ()
+    #: whether ZeRO-3 keeps a sharded compute copy beside the fp32 master (FSDP: no)
+    keeps_compute_weights: bool = True
+    #: the upper bound's allowance, a fraction of the per-micro-batch memory
+    memory_margin: float = 0.0
 
     def compute_scale(self, gpu_family: str) -> float:
         """The factor on the calibrated compute rates on a GPU of ``gpu_family``."""
@@ -63,28 +67,54 @@ FRAMEWORKS: dict[str, Framework] = {
     "nemo": _megatron_layout("nemo", 0.926, f"{_FIT} (DGX Cloud, 5 rows)"),
     # BigScience BLOOM layout search (Megatron-DeepSpeed, ZeRO-1, fp16 optimizer).
     "megatron-deepspeed": _megatron_layout("megatron-deepspeed", 0.978, f"{_FIT} (BLOOM, 26 rows)"),
+    # Megatron-DeepSpeed with DeepSpeed's BF16 optimizer (runtime/bf16_optimizer.py): the
+    # bf16 .grad of every parameter (2 B) lives until it is added into the full-size fp32
+    # accumulation buffer (4 B); master weights and moments sharded as ZeRO-1.  No rows:
+    # the compute speed of the fp16-optimizer runs.
+    "megatron-deepspeed-bf16": replace(
+        _megatron_layout("megatron-deepspeed-bf16", 0.978, "as megatron-deepspeed (no rows)"),
+        gradient_bytes=6.0,
+    ),
     # Hagemann et al. 2023: Aleph Alpha's Megatron-style trainer on A100.  Its gradients
     # are bf16 (2 B): the sheets ran 13B with tp = pp = 1 and ZeRO-1 over 64 A100 80GB,
     # where bf16 weights (26 GB) and an fp32 gradient buffer (52 GB) alone would not fit.
+    # Its memory margin: the published_runs_fit.fit_memory_margins rule on the fit side's
+    # 228 rows (129 out of memory); the other frameworks' fit sides hold no run that ran
+    # out of memory predicted to fit, so their margin is 0.
     "aleph-alpha": replace(
         _megatron_layout("aleph-alpha", 0.916, f"{_FIT} (Hagemann et al., 99 rows)"),
         gradient_bytes=2.0,
+        memory_margin=0.17,
     ),
     # MosaicML llm-foundry benchmarks (PyTorch FSDP, MPT models, A100 and H100): the
     # compute efficiency per GPU family (Megatron-Core's Transformer Engine gains more on
     # H100), and its attention (ALiBi): the grid value with the smallest fit-side MAPE.
+    # PyTorch FSDP mixed precision keeps only the fp32 shard of each parameter and casts it
+    # at every all-gather (torch.distributed.fsdp.MixedPrecision, param_dtype: "outside
+    # forward and backward, the sharded parameters are kept in full precision"): 16 B per
+    # parameter under full sharding, no compute copy outside the gathered units.
     "llm-foundry": _megatron_layout(
         "llm-foundry",
         1.0,
         f"{_FIT}, per GPU family; attention efficiency by grid (50 rows)",
         attention_efficiency=0.55,
         gpu_efficiency=(("A100", 1.043), ("H100", 0.887)),
+        keeps_compute_weights=False,
+    ),
+    # torchtitan (FSDP2, the same fp32-shard mixed precision as FSDP; SDPA flash attention):
+    # no rows, so llm-foundry's compute speed per GPU family with the kernel's own attention.
+    "torchtitan": _megatron_layout(
+        "torchtitan",
+        1.0,
+        "not fitted: llm-foundry's compute speed per GPU family (no rows)",
+        gpu_efficiency=(("A100", 1.043), ("H100", 0.887)),
+        keeps_compute_weights=False,
     ),
 }
 
 _FIELDS = ("compute_efficiency", "weight_bytes", "gradient_bytes", "master_weight_bytes",
            "optimizer_state_bytes")  # fmt: skip
-_OPTIONAL = ("attention_efficiency",)
+_OPTIONAL = ("attention_efficiency", "keeps_compute_weights", "memory_margin")
 
 
 def resolve_framework(profile: FrameworkProfile) -> Framework:

@@ -18,8 +18,12 @@ Parts (all bytes, for the most loaded GPU of the stage):
 - runtime: CUDA context, NCCL buffers and allocator reserve/fragmentation
   (:data:`pipette_cp.cost.calibration.MEMORY_CALIBRATION`, fitted on BLOOM).
 
-Where the sources leave a choice the model errs high: it must never call an
-out-of-memory layout feasible.
+Their sum is the predicted peak.  ``fits`` is judged on an upper bound, the peak
+plus the framework's calibrated ``memory_margin`` (a fraction of the memory
+allocated per micro-batch: activations, logits and temporaries, where the
+under-predictions of the published runs that ran out of memory concentrate),
+against the GPU's memory less a headroom (``training.memory_headroom_bytes`` or ``_fraction``).  Where
+the sources leave a choice the model errs high.
 """
 
 from __future__ import annotations
@@ -40,8 +44,8 @@ from pipette_cp.units import GiB
 #: (``--make-vocab-size-divisible-by``, default 128).
 VOCAB_DIVISOR = 128
 
-#: Headroom kept free on every GPU (2% of its memory, at least 1 GiB): the caching
-#: allocator needs room for the largest transient block (assumption, not fitted).
+#: Headroom kept free on every GPU by default (2% of its memory, at least 1 GiB): the
+#: caching allocator needs room for the largest transient block (assumption, not fitted).
 USABLE_HEADROOM_FRACTION = 0.02
 
 
@@ -56,10 +60,22 @@ class MemoryBreakdown:
     logits: float
     temporary: float
     runtime: float
+    #: the calibrated allowance on top of the peak (not a part: :attr:`bound_bytes`)
+    margin: float = 0.0
+
+    @property
+    def dynamic_bytes(self) -> float:
+        """What is allocated and freed every micro-batch: activations, logits, temporaries."""
+        return self.activations + self.logits + self.temporary
+
+    @property
+    def bound_bytes(self) -> float:
+        """The upper bound ``fits`` is judged on: the predicted peak plus the margin."""
+        return self.total_bytes + self.margin
 
     @property
     def total_bytes(self) -> float:
-        """Sum of every part, bytes."""
+        """The predicted peak: the sum of every part, bytes."""
         return (
             self.weights
             + self.gradients
@@ -71,8 +87,10 @@ class MemoryBreakdown:
         )
 
     def as_dict(self) -> dict[str, float]:
-        """The parts by name (for reports), bytes."""
-        return asdict(self)
+        """The parts by name (for reports; they sum to the peak), bytes."""
+        parts = asdict(self)
+        del parts["margin"]
+        return parts
 
 
 # --------------------------------------------------------------------- parameters
@@ -140,7 +158,8 @@ def state_bytes_per_param(training: TrainingSpec, plan: Plan) -> tuple[float, fl
     if sharding in GRADIENT_SHARDING:  # ZeRO-2 (Rajbhandari et al. 2020): gradients too
         grads /= plan.dp
     if sharding == "optim_grads_params":  # ZeRO-3 / FSDP: the parameters too
-        weights /= plan.dp
+        # (PyTorch FSDP keeps no compute copy: the fp32 master shard is cast at gather)
+        weights = weights / plan.dp if fw.keeps_compute_weights else 0.0
     return weights, grads, optimizer
 
 
@@ -293,15 +312,25 @@ def _temporary_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> fl
     return temp
 
 
-def usable_memory_bytes(gpu: GpuSpec) -> float:
-    """Memory a plan may fill on ``gpu``: its capacity less a safety headroom.
+def usable_memory_bytes(gpu: GpuSpec, training: TrainingSpec | None = None) -> float:
+    """Memory a plan may fill on ``gpu``: its capacity less the headroom of ``training``
+    (``memory_headroom_bytes`` or ``memory_headroom_fraction``; neither, or no
+    ``training``: 2 % of the GPU's memory, at least 1 GiB).
 
     >>> from pipette_cp.specs.gpu import resolve_gpu
-    >>> round(usable_memory_bytes(resolve_gpu("a100-80gb")) / 2**30, 1)
-    78.4
+    >>> a100 = resolve_gpu("a100-80gb")
+    >>> tr = TrainingSpec(global_batch_size=8, seq_length=2048, memory_headroom_bytes=4 * GiB)
+    >>> round(usable_memory_bytes(a100) / 2**30, 1), round(usable_memory_bytes(a100, tr) / 2**30, 1)
+    (78.4, 76.0)
+    >>> tr = TrainingSpec(global_batch_size=8, seq_length=2048, memory_headroom_fraction=0.1)
+    >>> round(usable_memory_bytes(a100, tr) / 2**30, 1)
+    72.0
     """
-    headroom = max(USABLE_HEADROOM_FRACTION * gpu.memory_bytes, 1.0 * GiB)
-    return gpu.memory_bytes - headroom
+    if training is not None and training.memory_headroom_bytes is not None:
+        return gpu.memory_bytes - training.memory_headroom_bytes
+    if training is not None and training.memory_headroom_fraction is not None:
+        return gpu.memory_bytes * (1.0 - training.memory_headroom_fraction)
+    return gpu.memory_bytes - max(USABLE_HEADROOM_FRACTION * gpu.memory_bytes, 1.0 * GiB)
 
 
 def stage_memory(
@@ -325,7 +354,8 @@ def stage_memory(
     Returns
     -------
     MemoryBreakdown
-        Bytes by part; ``total_bytes`` is the predicted nvidia-smi peak.
+        Bytes by part; ``total_bytes`` is the predicted nvidia-smi peak,
+        ``bound_bytes`` the upper bound with the framework's calibrated margin.
     """
     assert 0 <= stage < plan.pp, f"stage {stage} outside 0..{plan.pp - 1}"
     params = stage_params_per_gpu(model, plan, stage)
@@ -349,6 +379,7 @@ def stage_memory(
     # reserve, a fraction of the memory churned every micro-batch (fitted on BLOOM).
     dynamic = activations + logits + temporary
     runtime = calibration.runtime_bytes + calibration.allocator_fraction * dynamic
+    margin = resolve_framework(training.framework).memory_margin * dynamic  # dynamic_bytes
     return MemoryBreakdown(
         weights=params * w_b,
         gradients=params * g_b,
@@ -357,6 +388,7 @@ def stage_memory(
         logits=logits,
         temporary=temporary,
         runtime=runtime,
+        margin=margin,
     )
 
 

@@ -40,9 +40,11 @@ PIPETTE_BUDGET_S = 10.0
 
 def _fits(instance: Instance, plan: Plan) -> bool:
     """Every stage within the usable memory of the smallest GPU type (any placement)."""
-    limit = min(usable_memory_bytes(g) for g in instance.cluster.gpu_types.values())
+    limit = min(
+        usable_memory_bytes(g, instance.training) for g in instance.cluster.gpu_types.values()
+    )
     stages = memory_by_stage(instance.model, instance.training, plan)
-    return all(s.total_bytes <= limit for s in stages)
+    return all(s.bound_bytes <= limit for s in stages)
 
 
 def representative_plan(instance: Instance) -> Plan | None:

@@ -51,6 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.cost.memory import memory_by_stage
 from pipette_cp.experiments.accuracy import read_rows
 from pipette_cp.experiments.calibration_split import HELD_OUT, assign_split, family, sweep_key
 from pipette_cp.experiments.published_runs_setup import (
@@ -95,6 +96,9 @@ class RunResult:
     predicted_mem_gib: float = math.nan
     limit_gib: float = math.nan
     measured_mem_gib: float = math.nan
+    #: the smallest memory margin (a fraction of the per-micro-batch memory) at which the
+    #: row is predicted not to fit: ``min over stages (limit - peak) / dynamic``
+    memory_slack: float = math.inf
 
     @property
     def ratio(self) -> float:
@@ -138,6 +142,10 @@ def evaluate_row(
     tokens = int(full["global_batch_size"]) * int(full["seq_len"])
     gpus = int(row["tp"]) * int(row["pp"]) * int(row["dp"])
     memory = row["measured_mem_gb_per_gpu"]
+    inst = setup.instance
+    stages = memory_by_stage(inst.model, inst.training, plan)
+    limit = evaluation.memory_limit_bytes
+    slack = min((limit - s.total_bytes) / max(s.dynamic_bytes, 1.0) for s in stages)
     return RunResult(
         fam, sweep_key(row), side, "OOM" in row["notes"], evaluation.fits,
         _measured(row, fam), predicted,
@@ -146,7 +154,7 @@ def evaluate_row(
         per_gpu=1.0 if fam == "bloom" else tokens / gpus,
         predicted_mem_gib=evaluation.memory_bytes_max / GiB,
         limit_gib=evaluation.memory_limit_bytes / GiB,
-        measured_mem_gib=float(memory) if memory else math.nan,
+        measured_mem_gib=float(memory) if memory else math.nan, memory_slack=slack,
     )  # fmt: skip
 
 

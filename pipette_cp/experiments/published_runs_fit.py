@@ -64,3 +64,37 @@ def fit_frameworks() -> dict[tuple[str, str], tuple[float, float]]:
                 best[name] = float(np.mean(e))
                 fitted.update({k: (c, a) for k, c in scale.items() if k[0] == name})
     return fitted
+
+
+#: Largest share of a framework's fit-side runs that ran which the margin may call out of
+#: memory (the issue's target for runs predicted not to fit).
+MAX_FALSE_OOM = 0.05
+#: Margins tried (fractions of the per-micro-batch memory), smallest first.
+MARGIN_GRID = tuple(round(0.01 * i, 2) for i in range(101))
+
+
+def fit_memory_margins(baseline: Baseline) -> dict[str, float]:
+    """Per framework, the memory margin of :data:`MARGIN_GRID` with the fewest fit-side
+    runs that ran out of memory predicted to fit, among the margins that call at most
+    :data:`MAX_FALSE_OOM` of its fit-side runs that ran out of memory; ties to the
+    smallest margin, 0 for a framework without out-of-memory runs.
+
+    A row is predicted to fit at margin ``u`` iff ``u <= memory_slack`` (the margin is
+    ``u`` times the per-micro-batch memory, added to the predicted peak)."""
+    rows: dict[str, list[tuple[float, bool]]] = defaultdict(list)
+    for r in baseline.results:
+        if r.side != HELD_OUT:
+            rows[FAMILY_FRAMEWORK[r.family]].append((r.memory_slack, r.oom))
+    margins = {}
+    for name, found in sorted(rows.items()):
+        ran = sum(not oom for _, oom in found)
+        best = (math.inf, 0.0)
+        for u in MARGIN_GRID:
+            false_oom = sum(1 for slack, oom in found if not oom and slack < u)
+            if false_oom > MAX_FALSE_OOM * ran:
+                break  # larger margins call even more runs out of memory
+            false_fit = sum(1 for slack, oom in found if oom and slack >= u)
+            if false_fit < best[0]:
+                best = (false_fit, u)
+        margins[name] = best[1]
+    return margins

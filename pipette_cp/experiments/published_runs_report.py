@@ -43,7 +43,7 @@ from pipette_cp.experiments.published_runs import (
     run_baseline,
     summarise,
 )
-from pipette_cp.experiments.published_runs_fit import fit_frameworks
+from pipette_cp.experiments.published_runs_fit import fit_frameworks, fit_memory_margins
 
 SIDES = (FIT, HELD_OUT)
 
@@ -309,12 +309,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, help="predicted vs measured scatter (PNG)")
     parser.add_argument("--csv", type=Path, help="one row per evaluated run")
     parser.add_argument(
-        "--fit", action="store_true", help="fit each framework's compute efficiency"
+        "--fit",
+        action="store_true",
+        help="fit each framework's compute efficiency and memory margin",
     )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.fit:
         for (name, gpu), (compute, attention) in fit_frameworks().items():
             print(f"{name:20s} {gpu}  compute {compute:.3f}  attention {attention:.2f}")
+        for name, margin in fit_memory_margins(run_baseline()).items():
+            print(f"{name:20s} memory margin {margin:.2f} of the per-micro-batch memory")
         return 0
     baseline = run_baseline()
     print(format_baseline(baseline))

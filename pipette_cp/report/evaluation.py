@@ -39,7 +39,9 @@ def evaluation_json(
         "hfu": evaluation.hfu,
         "memory_gb_per_gpu_max": evaluation.memory_bytes_max / GB,
         "memory_gb_by_stage": [m / GB for m in evaluation.memory_bytes_by_stage],
+        "memory_bound_gb_by_stage": [m / GB for m in evaluation.memory_bound_bytes_by_stage],
         "memory_limit_gb": evaluation.memory_limit_bytes / GB,
+        "memory_margin_gb": evaluation.memory_margin_bytes / GB,
         "fits": evaluation.fits,
         "breakdown": dict(evaluation.breakdown_s),
         "predictor": evaluation.model,
@@ -73,7 +75,13 @@ def evaluation_table(
         ),
         (
             "max memory per GPU",
-            f"{evaluation.memory_bytes_max / GB:.1f} GB of {evaluation.memory_limit_bytes / GB:.1f} GB",
+            f"{evaluation.memory_bytes_max / GB:.1f} GB peak, "
+            f"{max(evaluation.memory_bound_bytes_by_stage, default=0.0) / GB:.1f} GB bound",
+        ),
+        (
+            "usable memory",
+            f"{evaluation.memory_limit_bytes / GB:.1f} GB, "
+            f"margin {evaluation.memory_margin_bytes / GB:+.1f} GB",
         ),
         ("fits", fits),
     ]
@@ -98,16 +106,21 @@ _SHORT = {
 
 
 def memory_table(evaluation: Evaluation, memory: Sequence[MemoryBreakdown] = ()) -> Table:
-    """Peak memory of the most loaded GPU of each stage, by part when given (GB)."""
+    """Peak memory of the most loaded GPU of each stage, by part when given, and its upper
+    bound (the peak plus the framework's calibrated margin; red when over the usable), GB."""
     table = Table(title="Memory per stage, GB (most loaded GPU)", title_justify="left")
     table.add_column("stage", justify="right")
     names = list(memory[0].as_dict()) if memory else []
     for name in names:
         table.add_column(_SHORT.get(name, name), justify="right")
-    table.add_column("total", justify="right")
-    for stage, used in enumerate(evaluation.memory_bytes_by_stage):
-        over = used > evaluation.memory_limit_bytes
-        total = f"[red]{used / GB:.1f}[/]" if over else f"{used / GB:.1f}"
+    table.add_column("peak", justify="right")
+    table.add_column("bound", justify="right")
+    bounds = evaluation.memory_bound_bytes_by_stage or evaluation.memory_bytes_by_stage
+    for stage, (used, bound) in enumerate(
+        zip(evaluation.memory_bytes_by_stage, bounds, strict=True)
+    ):
+        over = bound > evaluation.memory_limit_bytes
+        cell = f"[red]{bound / GB:.1f}[/]" if over else f"{bound / GB:.1f}"
         cells = [f"{v / GB:.1f}" for v in memory[stage].as_dict().values()] if memory else []
-        table.add_row(str(stage), *cells, total)
+        table.add_row(str(stage), *cells, f"{used / GB:.1f}", cell)
     return table

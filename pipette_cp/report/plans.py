@@ -31,7 +31,8 @@ def plans_table(plans: list[Plan], title: str = "Top plans") -> Table:
     )
     for col, justify in (
         ("#", "right"), ("layout", "left"), ("split", "left"), ("iter s", "right"),
-        ("tokens/s", "right"), ("MFU", "right"), ("mem GB", "right"), ("gap", "right"),
+        ("tokens/s", "right"), ("MFU", "right"), ("mem GB", "right"), ("margin", "right"),
+        ("gap", "right"),
     ):  # fmt: skip
         table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for rank, plan in enumerate(plans, 1):
@@ -45,6 +46,7 @@ def plans_table(plans: list[Plan], title: str = "Top plans") -> Table:
             f"{ev.tokens_per_s / 1e3:,.0f}k",
             f"{ev.mfu:.1%}",
             f"{ev.memory_bytes_max / GB:.1f}/{ev.memory_limit_bytes / GB:.0f}",
+            f"{ev.memory_margin_bytes / GB:+.1f}",
             _gap(plan),
         )
     return table

@@ -41,7 +41,9 @@ class MemoryCheck:
 
 def _limit(instance: Instance) -> float:
     """Usable memory of the smallest GPU type of the cluster (a stage may land on it)."""
-    return min(usable_memory_bytes(g) for g in instance.cluster.gpu_types.values())
+    return min(
+        usable_memory_bytes(g, instance.training) for g in instance.cluster.gpu_types.values()
+    )
 
 
 def memory_check(instance: Instance, plan: Plan) -> MemoryCheck:
@@ -54,8 +56,8 @@ def memory_check(instance: Instance, plan: Plan) -> MemoryCheck:
         return MemoryCheck(False, math.inf)
     ones = plan.model_copy(update={"layer_split": (1,) * chunks})
     twos = plan.model_copy(update={"layer_split": (2,) * chunks})
-    low = np.array([b.total_bytes for b in memory_by_stage(model, training, ones)])
-    high = np.array([b.total_bytes for b in memory_by_stage(model, training, twos)])
+    low = np.array([b.bound_bytes for b in memory_by_stage(model, training, ones)])
+    high = np.array([b.bound_bytes for b in memory_by_stage(model, training, twos)])
     # stage memory >= low + slope * (n - v): per layer, its state and 1/v of a chunk's
     slope = np.maximum((high - low) / v, 1.0)
     extra = model.num_layers - chunks  # layers beyond one per chunk

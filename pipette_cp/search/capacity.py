@@ -116,7 +116,7 @@ def model_capacity(instance: Instance, space: SearchSpace | None = None) -> Capa
     return Capacity(
         model=model.name,
         gpu=gpu.name,
-        usable_bytes=usable_memory_bytes(gpu),
+        usable_bytes=usable_memory_bytes(gpu, training),
         num_gpus=cluster.num_gpus,
         sharded_bytes=max(lightest - runtime, 0.0),
         runtime_bytes=runtime,

@@ -215,7 +215,7 @@ def _score(
         try:
             evaluation = evaluator.evaluate(plan)
             score = evaluation.iteration_time_s if evaluation.fits else math.inf
-            deficit = evaluation.memory_bytes_max - evaluation.memory_limit_bytes
+            deficit = -evaluation.memory_margin_bytes
             if not evaluation.fits and deficit < stats.smallest_deficit_bytes:
                 stats.smallest_deficit_bytes, stats.deficit_layout = deficit, plan.layout()
             estimate = evaluation.iteration_time_s  # memory_check says some split fits

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from pipette_cp.specs._base import FrozenSpec
 from pipette_cp.specs.cluster import ClusterSpec
@@ -47,3 +47,14 @@ class Instance(FrozenSpec):
         default=None,
         description="Measured per-layer times that replace the analytic compute estimate.",
     )
+
+    @model_validator(mode="after")
+    def _headroom_leaves_memory(self) -> Instance:
+        headroom = self.training.memory_headroom_bytes
+        smallest = min(self.cluster.gpu_types.values(), key=lambda g: g.memory_bytes)
+        if headroom is not None and headroom >= smallest.memory_bytes:
+            raise ValueError(
+                f"training.memory_headroom_bytes={headroom:.4g} leaves no memory on the "
+                f"{smallest.name} ({smallest.memory_bytes / 1e9:.1f} GB)"
+            )
+        return self

@@ -27,10 +27,21 @@ class Evaluation(FrozenSpec):
         description="Peak memory of the most loaded GPU of each pipeline stage, bytes."
     )
     memory_bytes_max: float = Field(ge=0, description="Largest peak memory over all GPUs, bytes.")
-    memory_limit_bytes: float = Field(
-        ge=0, description="Usable memory of the smallest GPU used, bytes."
+    memory_bound_bytes_by_stage: tuple[float, ...] = Field(
+        default=(),
+        description="Upper bound of each stage's memory: the peak plus the framework's "
+        "calibrated margin, bytes ('fits' is judged on it).",
     )
-    fits: bool = Field(description="Whether every GPU's predicted peak is within its limit.")
+    memory_limit_bytes: float = Field(
+        ge=0,
+        description="Usable memory of the smallest GPU used (capacity less the headroom), bytes.",
+    )
+    memory_margin_bytes: float = Field(
+        default=0.0,
+        description="Smallest usable memory less memory bound over the stages, bytes "
+        "(negative: that much too little).",
+    )
+    fits: bool = Field(description="Whether every stage's memory bound is within its limit.")
     breakdown_s: dict[str, float] = Field(
         default_factory=dict,
         description="Iteration time by cause (compute, bubble, pp_comm, dp_comm, tp_comm, "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from pipette_cp.specs._base import FrozenSpec
 
@@ -31,8 +31,9 @@ class FrameworkProfile(FrozenSpec):
 
     name: str = Field(
         default="megatron-core",
-        description="megatron-core, megatron-lm, nemo, megatron-deepspeed, aleph-alpha, or "
-        "a new name with every other field given.",
+        description="megatron-core, megatron-lm, nemo, megatron-deepspeed, "
+        "megatron-deepspeed-bf16, aleph-alpha, llm-foundry, torchtitan, or a new name with "
+        "every byte field and compute_efficiency given.",
     )
     compute_efficiency: float | None = Field(
         default=None,
@@ -64,6 +65,21 @@ class FrameworkProfile(FrozenSpec):
         default=None,
         ge=0,
         description="Bytes per parameter of Adam's two fp32 moments (8); SGD keeps half.",
+    )
+    keeps_compute_weights: bool | None = Field(
+        default=None,
+        description="Whether full sharding (ZeRO-3) keeps a sharded compute copy of the "
+        "weights beside the fp32 master (DeepSpeed ZeRO-3, Megatron: true) or casts the fp32 "
+        "shard at each all-gather (PyTorch FSDP mixed precision: false).",
+    )
+    memory_margin: float | None = Field(
+        default=None,
+        ge=0,
+        le=2,
+        description="Calibrated allowance on top of the predicted peak, as a fraction of the "
+        "memory allocated per micro-batch (activations, logits, temporaries): the upper "
+        "bound 'fits' is judged on.  Fitted per framework on published runs that ran out "
+        "of memory; 0 where no such runs were seen.",
     )
 
 
@@ -114,11 +130,29 @@ class TrainingSpec(FrozenSpec):
     dropout: bool = Field(
         default=True, description="Whether dropout masks are kept (Korthikanti et al. assume so)."
     )
+    memory_headroom_bytes: float | None = Field(
+        default=None,
+        gt=0,
+        description="Memory kept free on every GPU, bytes (or memory_headroom_fraction; "
+        "neither: 2 % of the GPU's memory, at least 1 GiB).",
+    )
+    memory_headroom_fraction: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="Memory kept free on every GPU, a fraction of its memory.",
+    )
     framework: FrameworkProfile = Field(
         default_factory=FrameworkProfile,
         description="The training framework (a name, or a mapping of FrameworkProfile "
         "fields): state bytes per parameter and compute speed.",
     )
+
+    @model_validator(mode="after")
+    def _one_headroom(self) -> TrainingSpec:
+        if self.memory_headroom_bytes is not None and self.memory_headroom_fraction is not None:
+            raise ValueError("give memory_headroom_bytes or memory_headroom_fraction, not both")
+        return self
 
     @field_validator("framework", mode="before")
     @classmethod

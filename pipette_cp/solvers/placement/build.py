@@ -131,8 +131,8 @@ def _stage_tables(
     # a stage takes the slowest GPU type and the slowest TP link of its units: one class
     # of the sorted list only when a single GPU type (or a single TP bandwidth) exists
     single = len({t for *_, t in keys}) == 1 or len({b for _, b, _ in keys}) == 1
-    memory = np.array([m.total_bytes for m in memory_by_stage(model, training, plan)])
-    usable = np.array([usable_memory_bytes(cluster.gpu_types[t]) for t in types])
+    memory = np.array([m.bound_bytes for m in memory_by_stage(model, training, plan)])
+    usable = np.array([usable_memory_bytes(cluster.gpu_types[t], training) for t in types])
     allowed = (memory[:, None] <= usable[None, :]) & (capacity > 0)[None, :]
     elem = BYTES_PER_ELEMENT[training.precision]
     grad = gradient_wire_bytes(training)  # as the evaluator

@@ -355,7 +355,7 @@ def split_cost(
 
     def mem(split: tuple[int, ...]) -> np.ndarray:
         return np.array(
-            [b.total_bytes for b in memory_by_stage(model, training, with_split(split))]
+            [b.bound_bytes for b in memory_by_stage(model, training, with_split(split))]
         )
 
     m1, m2 = mem((1,) * chunks), mem((2,) * chunks)
@@ -367,7 +367,7 @@ def split_cost(
         x = m_first - m1 - w
     const = m1 - w * vpp - x
     # as check_memory_limit: the smallest usable memory among the stage's GPUs
-    usable = [usable_memory_bytes(cluster.gpu_of_node(cluster.node_of(g))) for g in range(cluster.num_gpus)]  # fmt: skip
+    usable = [usable_memory_bytes(cluster.gpu_of_node(cluster.node_of(g)), training) for g in range(cluster.num_gpus)]  # fmt: skip
     limits = np.array([min(usable[g] for d in range(plan.dp) for g in plan.unit_gpus(s, d)) for s in range(pp)])  # fmt: skip
     return SplitCost(
         num_layers=layers, pp=pp, vpp=vpp, base=one,
