@@ -17,6 +17,7 @@ from conftest import small_instance
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.errors import InfeasibleError, SpecError
 from pipette_cp.solvers import placement
 from pipette_cp.solvers.methods import exact_placement
@@ -121,3 +122,44 @@ def test_masters_alone_match_the_oracle(backend, seed, nodes, gpus, tp, pp, dp, 
     assert res.status == "optimal"
     assert res.value_s == pytest.approx(best, rel=1e-6)
     assert res.bound_s <= res.value_s
+
+
+ZERO = [(0, "optim_grads"), (2, "optim_grads_params"), (5, "optim_grads_params")]
+
+
+@pytest.mark.parametrize("backend", ["cpsat", "milp"])
+@pytest.mark.parametrize("seed, sharding", ZERO)
+def test_masters_see_the_zero_collectives(backend, seed, sharding) -> None:
+    """ZeRO-2/3 collectives in the master: its value is the Evaluator's (ring) on every
+    placement, the exposed per-layer collectives are part of it, and the Kelley loop
+    reaches the brute-force optimum."""
+    instance = random_cluster(seed, 2, 2)
+    assert instance is not None
+    plan = make_plan(num_layers=8, dp=4, pp=1, tp=1, micro_batch_size=1, dp_sharding=sharding)
+    data = build_placement_data(instance, plan)
+    ring = Evaluator(data.instance, dp_algorithm="ring")
+    rng = np.random.default_rng(seed)
+    exposed = 0.0
+    seats = np.repeat(np.arange(data.num_places), data.capacity)  # a place holds capacity units
+    for _ in range(6):
+        assign = rng.permutation(seats)[: data.num_units]
+        placed = plan.model_copy(update={"placement": data.placement(assign)})
+        try:
+            expected = ring.iteration_time(placed)
+        except InfeasibleError:
+            assert data.value(assign) == float("inf")
+            continue
+        assert data.value(assign) == pytest.approx(expected, rel=1e-9)
+        x = data.x_of(assign)
+        free = x.copy()
+        free[data.xi.ring] = 0.0  # the collectives for free: only the latency is left
+        exposed = max(exposed, data.total_time_s(x) - data.total_time_s(free))
+    assert exposed > 0  # the placement changes the time through the ZeRO collectives
+    _, best = brute_force_placement(data.instance, plan, "ring")
+    pool = CutPool(data, upper_s=1e3)
+    pool.add_at(lower_x(data))
+    doms = [np.flatnonzero(data.allowed[data.stage_of(u)]) for u in range(data.num_units)]
+    deadline = time.perf_counter() + 30
+    res = kelley(data, placement.BACKENDS[backend], domains=doms, start=None, pool=pool, deadline=deadline)  # fmt: skip
+    assert res.status == "optimal"
+    assert res.value_s == pytest.approx(best, rel=1e-6)

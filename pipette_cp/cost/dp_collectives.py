@@ -30,9 +30,10 @@ Ops = list[tuple[comm.Collective, np.ndarray]]
 
 def gradient_wire_bytes(training: TrainingSpec) -> float:
     """Bytes per gradient element on the wire: under bf16 the framework's gradient
-    buffer (Megatron reduces its fp32 buffer: 4), under fp16 the 2-byte gradients."""
+    buffer (Megatron reduces its fp32 buffer: 4; a framework keeping two copies, such as
+    DeepSpeed's BF16 optimizer, reduces the fp32 one), under fp16 the 2-byte gradients."""
     if training.precision == "bf16":
-        return resolve_framework(training.framework).gradient_bytes
+        return min(resolve_framework(training.framework).gradient_bytes, 4.0)
     return float(BYTES_PER_ELEMENT[training.precision])
 
 
@@ -70,7 +71,8 @@ def exposed_per_layer(
 ) -> tuple[float, float]:
     """(forward, backward) time per layer and micro-batch that the layer's compute does
     not hide: ``max(0, comm - compute)``; linear in the layers, so the split models
-    stay exact."""
+    stay exact, and convex in the collective times, so the placement masters' cuts
+    stay valid."""
     gathers = 1.0 if plan.sharding == "optim_grads_params" else 0.0
     forward = max(0.0, gathers * all_gather_s - times.forward_s)
     backward = max(0.0, gathers * all_gather_s + reduce_scatter_s - times.backward_s)

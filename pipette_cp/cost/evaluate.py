@@ -84,6 +84,8 @@ class _Stages(NamedTuple):
     busy_s: float
     busy_tp_s: float
     busy_dp_s: float = 0.0
+    #: ZeRO-2/3: one layer's gradient reduce-scatter and weight all-gather, s
+    layer_collectives_s: tuple[float, float] = (0.0, 0.0)
 
 
 class Evaluator:
@@ -221,16 +223,18 @@ class Evaluator:
             backward_s=stages.backward_s + bwd * n,
             busy_s=stages.busy_s + exposed,
             busy_dp_s=exposed,
+            layer_collectives_s=(float(rs[0]), float(ag[0])),
         )
 
     def pipeline_inputs(
         self, plan: Plan, gpus: np.ndarray | None = None
-    ) -> tuple[PipelineInputs, np.ndarray]:
-        """The schedule inputs of ``plan`` and the TP communication time per virtual stage
-        (part of its forward + backward); :class:`~pipette_cp.errors.InfeasibleError`
-        names the operation (hop, DP ring, TP group, embedding pair) of a failed link."""
+    ) -> tuple[PipelineInputs, tuple[float, float]]:
+        """The schedule inputs of ``plan`` and, under ZeRO-2/3, one layer's gradient
+        reduce-scatter and weight all-gather times (``(0, 0)`` otherwise), s;
+        :class:`~pipette_cp.errors.InfeasibleError` names the operation (hop, DP ring,
+        TP group, embedding pair) of a failed link."""
         x, stages = self._inputs(plan, placement_array(plan) if gpus is None else gpus)
-        return x, stages.tp_comm_s
+        return x, stages.layer_collectives_s
 
     def _inputs(self, plan: Plan, gpus: np.ndarray) -> tuple[PipelineInputs, _Stages]:
         inst, fabric = self.instance, self.fabric

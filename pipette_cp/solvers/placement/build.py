@@ -12,10 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from pipette_cp.cost import comm
-from pipette_cp.cost.compute import chunk_times, optimizer_step_time_s
+from pipette_cp.cost.compute import chunk_times, layer_times, optimizer_step_time_s
 from pipette_cp.cost.dp_collectives import gradient_wire_bytes
 from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.cost.memory import (
+    layer_params_per_gpu,
     memory_by_stage,
     padded_vocab_size,
     stage_params_per_gpu,
@@ -119,13 +120,15 @@ def _stage_tables(
     keys = sorted({(peak[t], float(b), t) for t, b in zip(types, bw_key, strict=True)})
     index = {(t, b): i for i, (_, b, t) in enumerate(keys)}
     place_class = np.array([index[(t, float(b))] for t, b in zip(types, bw_key, strict=True)])
-    fwd, bwd, opt = [], [], []
+    fwd, bwd, opt, layer = [], [], [], []
     for _, b, t in keys:
         gpu = cluster.gpu_types[t]
         times = chunk_times(model, training, gpu, plan, b, None)
         fwd.append(times.forward_s)
         bwd.append(times.backward_s)
         opt.append([optimizer_step_time_s(model, training, gpu, plan, s) for s in range(plan.pp)])
+        one = layer_times(model, training, gpu, plan, b)  # what ZeRO-2/3 collectives hide behind
+        layer.append((one.forward_s, one.backward_s))
     fwd_a, bwd_a, opt_a = np.array(fwd), np.array(bwd), np.array(opt)
     monotone = all((np.diff(a, axis=0) <= 1e-15).all() for a in (fwd_a, bwd_a, opt_a))
     # a stage takes the slowest GPU type and the slowest TP link of its units: one class
@@ -140,10 +143,15 @@ def _stage_tables(
     params = np.array([stage_params_per_gpu(model, plan, s) for s in range(plan.pp)])
     sync = comm._RING_FACTOR["reduce_scatter" if plan.distributed_optimizer else "all_reduce"]
     gather_on = plan.distributed_optimizer and not training.overlap_param_gather
+    gather_ratio = (elem / (sync * grad)) if gather_on else 0.0
+    synced = params
     if plan.sharding in GRADIENT_SHARDING:
-        # ZeRO-2/3 collectives run per micro-batch, overlapped with compute: not in the
-        # master (its value stays below the evaluator's, so its bound stays valid)
-        sync, gather_on = 0.0, False
+        # ZeRO-2/3 (pp = 1): the ring variable is one layer's gradient reduce-scatter
+        # (dp_collectives.per_layer_collectives), its weight all-gather elem / grad of it;
+        # ZeRO-2 gathers the stage's parameters once per step (step_collectives)
+        sync, synced = 1.0, np.full(plan.pp, layer_params_per_gpu(model, plan.tp))
+        gather_on = plan.sharding == "optim_grads"
+        gather_ratio = params[0] * elem / (synced[0] * grad) if gather_on else 0.0
     act = training.seq_length * plan.micro_batch_size * model.hidden_size * elem
     emb = padded_vocab_size(model, plan.tp) * model.hidden_size / plan.tp * grad
     return {
@@ -151,9 +159,10 @@ def _stage_tables(
         "class_backward": bwd_a, "class_optimizer": opt_a, "exact": monotone and single,
         "act_bytes": act / (plan.tp if plan.sequence_parallel else 1),
         # ring: factor (D-1)/D x bytes / slowest link (Patarasuk & Yuan 2009), as comm
-        "ring_bytes": sync * (dp - 1) / dp * params * grad,
-        "gather_ratio": (elem / (sync * grad)) if gather_on else 0.0,
+        "ring_bytes": sync * (dp - 1) / dp * synced * grad,
+        "gather_ratio": gather_ratio,
         "sync_factor": sync * (dp - 1), "gather_factor": (dp - 1.0) if gather_on else 0.0,
         # tied-embedding all-reduce over a pair: 2 (2-1)/2 bytes / slowest link
         "emb_bytes": emb,
+        "class_layer": np.array(layer), "layer_gather_ratio": elem / grad,
     }  # fmt: skip

@@ -17,12 +17,12 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
-from pipette_cp.solvers.placement.backend import MasterResult, Terms
+from pipette_cp.solvers.placement.backend import CUT_GRID, MasterResult, Terms
 
 #: One integer time unit of the CP-SAT model, s.
 TIME_QUANTUM_S = 1e-9
 #: Cut rows are multiplied by this; cut gradients are multiples of its inverse.
-CUT_SCALE = 64
+CUT_SCALE = CUT_GRID
 
 _STATUS = {
     cp_model.OPTIMAL: "optimal",

@@ -27,11 +27,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipette_cp.cost.compute import LayerTimes
+from pipette_cp.cost.dp_collectives import exposed_per_layer
 from pipette_cp.cost.evaluate import Evaluator, num_micro_batches
 from pipette_cp.cost.pipeline import PipelineInputs, finish_iteration, pipeline_times
 from pipette_cp.errors import InfeasibleError
 from pipette_cp.solvers.extensions import family_violations
 from pipette_cp.specs import Instance, Plan
+from pipette_cp.specs.training import GRADIENT_SHARDING
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,10 @@ class PlacementData:
     gather_factor: float
     emb_bytes: float
     nic_capacity: float
+    #: one layer's (forward, backward) per compute class: what ZeRO-2/3 collectives hide behind
+    class_layer: np.ndarray
+    #: ZeRO-2/3: one layer's weight all-gather over its gradient reduce-scatter (the ring)
+    layer_gather_ratio: float
     #: user constraint families (:mod:`pipette_cp.solvers.extensions`)
     constraints: tuple = ()
     xi: XIndex = field(init=False)
@@ -227,7 +234,7 @@ class PlacementData:
 
         Raises :class:`InfeasibleError` when it sends data over a failed pair."""
         gpus = self.realise(assign)
-        inputs, _ = self.evaluator.pipeline_inputs(self.plan, gpus)
+        inputs, layer = self.evaluator.pipeline_inputs(self.plan, gpus)
         xi, x = self.xi, np.zeros(self.xi.size)
         x[xi.hf] = inputs.fwd_hop_s[: self.hops]
         x[xi.hb] = inputs.bwd_hop_s[: self.hops]
@@ -235,7 +242,9 @@ class PlacementData:
             nodes = self.place_node[np.asarray(assign)].reshape(self.plan.pp, self.plan.dp)
             crosses = (nodes != np.roll(nodes, -1, axis=1)).any(axis=1)
             x[xi.cross] = crosses
-            x[xi.ring] = inputs.dp_sync_s - self.sync_factor * self._ring_latency(x[xi.cross])
+            # ZeRO-2/3: the ring is one layer's reduce-scatter, else the step's gradient sync
+            sync = layer[0] if self.plan.sharding in GRADIENT_SHARDING else inputs.dp_sync_s
+            x[xi.ring] = sync - self.sync_factor * self._ring_latency(x[xi.cross])
         if xi.emb is not None:
             x[xi.emb] = inputs.embedding_sync_s
         worst = self.worst_class(assign)
@@ -279,6 +288,14 @@ class PlacementData:
             lat = self._ring_latency(x[xi.cross])
             sync = x[xi.ring] + self.sync_factor * lat
             gather = self.gather_ratio * x[xi.ring] + self.gather_factor * lat
+            if plan.sharding in GRADIENT_SHARDING:  # pp = 1: per-layer collectives exposed
+                ag = self.layer_gather_ratio * x[xi.ring][0] + self.sync_factor * lat[0]
+                f, b = self._worst_layer(x)
+                times = LayerTimes(f, b, 0.0, 0.0, 0.0)
+                ef, eb = exposed_per_layer(plan, times, float(sync[0]), float(ag))
+                layers = np.asarray(plan.layer_split, dtype=float)
+                forward, backward = forward + ef * layers, backward + eb * layers
+                sync = np.zeros(pp)
         training = self.instance.training
         return PipelineInputs(
             pp=pp, vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b",
@@ -288,6 +305,13 @@ class PlacementData:
             embedding_sync_s=float(x[xi.emb]) if xi.emb is not None else 0.0,
             optimizer_s=optimizer, param_gather_s=gather,
         )  # fmt: skip
+
+    def _worst_layer(self, x: np.ndarray) -> tuple[float, float]:
+        """One layer's (forward, backward) on stage 0's slowest class, by the class ladder."""
+        layer = self.class_layer[-1].copy()
+        for c in range(self.xi.worse.shape[1]):
+            layer += x[self.xi.worse[0, c]] * (self.class_layer[c] - self.class_layer[c + 1])
+        return float(layer[0]), float(layer[1])
 
     def total_time_s(self, x: np.ndarray) -> float:
         """Analytic iteration time (as :meth:`Evaluator.evaluate`) for inputs ``x``."""

@@ -20,15 +20,13 @@ import numpy as np
 
 from pipette_cp.errors import InfeasibleError, SolverTimeoutError
 from pipette_cp.solvers.cuts import supporting_cut
-from pipette_cp.solvers.placement.backend import Backend
+from pipette_cp.solvers.placement.backend import CUT_GRID, Backend
 from pipette_cp.solvers.placement.data import PlacementData
 from pipette_cp.solvers.placement.model import PlacementModel
 
 #: Relative gap under which a placement counts as optimal (the master works in
 #: 1 ns quanta, so closer is rounding noise).
 OPTIMALITY_GAP = 1e-6
-#: Cut gradients of time inputs are snapped to multiples of 1 / CUT_GRID.
-CUT_GRID = 64
 #: Recorded solutions of a master solve that also get a cut.
 MORE_CUTS = 8
 #: Largest number of places for which the ring connectivity bound is computed.
