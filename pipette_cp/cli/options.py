@@ -165,7 +165,7 @@ def resolve_instance(instance: str, replace: Replacements) -> Instance:
     framework = None if replace.framework is None else {"name": replace.framework}
     pairs = (("global_batch_size", global_batch), ("seq_length", seq_length),
              ("framework", framework))  # fmt: skip
-    training = {k: v for k, v in pairs if v is not None}
+    training: dict[str, object] = {k: v for k, v in pairs if v is not None}
     if replace.memory_headroom is not None:  # replaces either headroom field
         training.update(parse_headroom(replace.memory_headroom))
     if training:

@@ -94,6 +94,14 @@ def predict(
             "optim_grads_params (ZeRO-3); overrides --dist-opt."
         ),
     ] = None,
+    dp_shard_size: Annotated[
+        int | None,
+        typer.Option(
+            "--dp-shard-size",
+            help="Hybrid sharding (HSDP): shard over groups of this many DP ranks, replicate "
+            "across them [default: shard over all].",
+        ),
+    ] = None,
     attention_kernel: Annotated[
         KernelChoice | None,
         typer.Option(
@@ -156,6 +164,7 @@ def predict(
             recompute=recompute.value,
             distributed_optimizer=dist_opt,
             dp_sharding=None if dp_sharding is None else dp_sharding.value,
+            dp_shard_size=dp_shard_size,
             attention_kernel=None if attention_kernel is None else attention_kernel.value,
             flash_attention=flash_attn,
             layer_split=_split(split),

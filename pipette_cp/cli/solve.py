@@ -63,6 +63,20 @@ def solve(
     vpp: Annotated[
         str | None, typer.Option("--vpp", help="Allowed model chunks per stage.")
     ] = None,
+    dp_sharding: Annotated[
+        str | None,
+        typer.Option(
+            "--dp-sharding",
+            help="Data-parallel sharding levels to try, e.g. optim,optim_grads_params "
+            "(none, optim, optim_grads, optim_grads_params).",
+        ),
+    ] = None,
+    dp_shard_size: Annotated[
+        str | None,
+        typer.Option(
+            "--dp-shard-size", help="Hybrid sharding (HSDP) shard-group sizes to try, e.g. 8."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plans as JSON.")] = False,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Write the best plan (JSON).")
@@ -82,6 +96,8 @@ def solve(
         inst.search_space,
         tp=_ints("--tp", tp), pp=_ints("--pp", pp), dp=_ints("--dp", dp),
         micro_batch_size=_ints("--mb", mb), vpp=_ints("--vpp", vpp),
+        dp_sharding=None if dp_sharding is None else tuple(dp_sharding.split(",")),
+        dp_shard_size=_ints("--dp-shard-size", dp_shard_size),
     )  # fmt: skip
     if snapshots:  # plans robust over bandwidth snapshots (pipette_cp/cli/robust.py)
         return solve_robust(

@@ -10,9 +10,17 @@ forward and again before its backward.  Those per-micro-batch collectives overla
 the layer's compute; what the compute cannot hide is exposed
 (:func:`exposed_per_layer`).  The ring times come from the evaluator, over the
 measured links of the placement.
+
+Hybrid sharding (HSDP, ``plan.dp_shard_size``) runs the sharded collectives inside
+each shard group of consecutive DP ranks and adds, once per step, an all-reduce of
+each gradient shard across the groups that hold the same shard (Megatron's
+distributed-optimizer instances; PyTorch's HYBRID_SHARD does it every backward
+unless gradients are accumulated without sync, the case assumed here).
 """
 
 from __future__ import annotations
+
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -25,7 +33,23 @@ from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.training import GRADIENT_SHARDING, TrainingSpec
 from pipette_cp.units import BYTES_PER_ELEMENT
 
-Ops = list[tuple[comm.Collective, np.ndarray]]
+#: Which ranks of a DP ring take part: all of them, each HSDP shard group, or each set of
+#: ranks holding the same shard (one per shard group).
+Group = Literal["all", "shard", "replica"]
+
+
+class DpOp(NamedTuple):
+    """One collective of every (stage, tp rank) DP ring: bytes per ring, its group, and
+    its phase (0: the gradient sync before the step, 1: the parameter gather after it;
+    per-layer ops: 0 the reduce-scatter, 1 the all-gather)."""
+
+    collective: comm.Collective
+    nbytes: np.ndarray
+    group: Group = "all"
+    phase: int = 0
+
+
+Ops = list[DpOp]
 
 
 def gradient_wire_bytes(training: TrainingSpec) -> float:
@@ -43,19 +67,24 @@ def _bytes(training: TrainingSpec) -> tuple[float, float]:
 
 
 def step_collectives(training: TrainingSpec, plan: Plan, params: np.ndarray) -> Ops:
-    """The once-per-step collectives of every (stage, tp rank) ring, bytes (two entries:
-    the gradient sync, then the parameter gather; absent ones have zero bytes)."""
+    """The once-per-step collectives of every (stage, tp rank) ring, bytes: the gradient
+    sync (phase 0; under HSDP within the shard groups, then across them) and the
+    parameter gather (phase 1); absent ones have zero bytes."""
     elem, grad = _bytes(training)
     sizes = np.repeat(params, plan.tp)
     none = np.zeros_like(sizes)
+    within: Group = "shard" if plan.hybrid else "all"
+    # HSDP: each shard's gradient all-reduced across the shard groups, once per step
+    across = [DpOp("all_reduce", sizes * grad / plan.shard_group, "replica")] if plan.hybrid else []
     if plan.sharding in GRADIENT_SHARDING:
         # ZeRO-2 still gathers the updated parameters after the step; ZeRO-3 gathers
         # them layer by layer when they are used (per_layer_collectives)
         gather = sizes * elem if plan.sharding == "optim_grads" else none
-        return [("reduce_scatter", none), ("all_gather", gather)]
+        return [*across, DpOp("all_gather", gather, within, 1)]
     sync: comm.Collective = "reduce_scatter" if plan.distributed_optimizer else "all_reduce"
     gather_on = plan.distributed_optimizer and not training.overlap_param_gather
-    return [(sync, sizes * grad), ("all_gather", sizes * elem if gather_on else none)]
+    after = DpOp("all_gather", sizes * elem if gather_on else none, within, 1)
+    return [DpOp(sync, sizes * grad, within), *across, after]
 
 
 def per_layer_collectives(model: ModelSpec, training: TrainingSpec, plan: Plan) -> Ops:
@@ -63,7 +92,11 @@ def per_layer_collectives(model: ModelSpec, training: TrainingSpec, plan: Plan) 
     (stage, tp rank) ring."""
     elem, grad = _bytes(training)
     layer = np.full(plan.pp * plan.tp, layer_params_per_gpu(model, plan.tp))
-    return [("reduce_scatter", layer * grad), ("all_gather", layer * elem)]
+    within: Group = "shard" if plan.hybrid else "all"
+    return [
+        DpOp("reduce_scatter", layer * grad, within),
+        DpOp("all_gather", layer * elem, within, 1),
+    ]
 
 
 def exposed_per_layer(
@@ -77,3 +110,20 @@ def exposed_per_layer(
     forward = max(0.0, gathers * all_gather_s - times.forward_s)
     backward = max(0.0, gathers * all_gather_s + reduce_scatter_s - times.backward_s)
     return forward, backward
+
+
+def hybrid_times_s(
+    fabric: comm.Fabric, plan: Plan, rings: np.ndarray, nbytes: np.ndarray,
+    collective: comm.Collective, group: Group, algorithm: comm.Algorithm,
+) -> np.ndarray:  # fmt: skip
+    """Per stage, an HSDP collective over every shard group (consecutive DP ranks of each
+    ring) or every replica set (one rank per shard group), all at once: the slowest."""
+    k, dp = rings.shape  # one ring per (stage, tp rank), in replica order
+    blocks = rings.reshape(k, dp // plan.shard_group, plan.shard_group)
+    groups = blocks if group == "shard" else blocks.transpose(0, 2, 1)
+    per = groups.shape[1]
+    t = comm.collective_times_s(
+        fabric, groups.reshape(k * per, -1), np.repeat(nbytes, per), collective, algorithm,
+        "a hybrid-sharded data-parallel collective",
+    )  # fmt: skip
+    return t.reshape(plan.pp, plan.tp * per).max(axis=1)

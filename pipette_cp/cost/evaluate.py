@@ -24,6 +24,7 @@ from pipette_cp.cost.compute import chunk_times, layer_times, optimizer_step_tim
 from pipette_cp.cost.dp_collectives import (
     exposed_per_layer,
     gradient_wire_bytes,
+    hybrid_times_s,
     per_layer_collectives,
     step_collectives,
 )
@@ -70,7 +71,7 @@ def _knobs(plan: Plan) -> tuple:
     return (
         plan.dp, plan.pp, plan.tp, plan.micro_batch_size, plan.vpp, plan.sequence_parallel,
         plan.recompute, plan.sharding, plan.flash_attention, plan.layer_split,
-        plan.attention_kernel, plan.fused_norm,
+        plan.attention_kernel, plan.fused_norm, plan.shard_group,
     )  # fmt: skip
 
 
@@ -187,9 +188,12 @@ class Evaluator:
         two_level = algorithm != "ring" and comm.local_group_size(self.fabric, rings) > 1
         what = "a data-parallel gradient sync"
         out = [np.zeros(pp), np.zeros(pp)]
-        for i, (op, size) in enumerate(ops):
+        for op, size, group, phase in ops:
             if not size.any():
                 continue  # an operation this plan does not run
+            if group != "all":  # HSDP: every shard group (or replica set) at once
+                out[phase] += hybrid_times_s(self.fabric, plan, rings, size, op, group, algorithm)
+                continue
             if not flat_ok:  # the ring needs a failed link: another algorithm, or an error
                 t = comm.collective_times_s(self.fabric, rings, size, op, algorithm, what)
             else:
@@ -201,7 +205,7 @@ class Evaluator:
                         t = np.minimum(t, hier) if best else np.where(hier < np.inf, hier, t)
                     except InfeasibleError:
                         pass  # the two-level links include a failed pair; the ring is fine
-            out[i] = t.reshape(pp, tp).max(axis=1)
+            out[phase] += t.reshape(pp, tp).max(axis=1)
         return out[0], out[1]
 
     def _sharded_exposure(

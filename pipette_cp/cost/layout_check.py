@@ -67,6 +67,12 @@ def check_knobs(instance: Instance, plan: Plan) -> None:
     if vpp > 1 and (m := gbs // (dp * mb)) % pp:
         raise LayoutError("plan.vpp", vpp,
                           f"vpp={vpp}: interleaving needs pp={pp} to divide the {m} micro-batches (Megatron)")  # fmt: skip
+    if (size := plan.dp_shard_size) is not None:
+        if plan.sharding == "none":
+            raise LayoutError("plan.dp_shard_size", size,
+                              "hybrid sharding needs a sharding level (dp_sharding optim or above)")  # fmt: skip
+        if dp % size:
+            raise LayoutError("plan.dp_shard_size", size, f"must divide dp={dp}")
     if plan.sharding in ("optim_grads", "optim_grads_params") and pp > 1:
         # DeepSpeed: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"; the
         # gradients of every micro-batch would be reduced while the pipeline holds others.

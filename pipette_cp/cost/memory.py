@@ -144,22 +144,22 @@ def state_bytes_per_param(training: TrainingSpec, plan: Plan) -> tuple[float, fl
 
     Megatron mixed precision: 2 + 4 + 12 = 18 B (Adam) or 2 + 4 + 8 (SGD with
     momentum), or the framework's own (:mod:`pipette_cp.cost.framework`); the
-    distributed optimizer divides the optimizer part by dp, ZeRO-2 the gradients too,
-    ZeRO-3 the weights too (``plan.sharding``)
+    distributed optimizer divides the optimizer part by dp (by the shard group under
+    HSDP), ZeRO-2 the gradients too, ZeRO-3 the weights too (``plan.sharding``)
     (megatron/training/theoretical_memory_usage.py: 18, or 6 + 12/dp).
     """
     fw = resolve_framework(training.framework)
     moments = fw.optimizer_state_bytes * (1.0 if training.optimizer == "adam" else 0.5)
     optimizer = fw.master_weight_bytes + moments
     weights, grads = fw.weight_bytes, fw.gradient_bytes
-    sharding = plan.sharding
+    sharding, group = plan.sharding, plan.shard_group  # group: dp, or the HSDP shard group
     if sharding != "none":
-        optimizer /= plan.dp
+        optimizer /= group
     if sharding in GRADIENT_SHARDING:  # ZeRO-2 (Rajbhandari et al. 2020): gradients too
-        grads /= plan.dp
+        grads /= group
     if sharding == "optim_grads_params":  # ZeRO-3 / FSDP: the parameters too
         # (PyTorch FSDP keeps no compute copy: the fp32 master shard is cast at gather)
-        weights = weights / plan.dp if fw.keeps_compute_weights else 0.0
+        weights = weights / group if fw.keeps_compute_weights else 0.0
     return weights, grads, optimizer
 
 

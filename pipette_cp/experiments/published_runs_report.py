@@ -4,7 +4,7 @@ Printed by ``python -m pipette_cp.experiments.published_runs_report`` after the 
 table, each part separately for the fit and the held-out side:
 
 - Per-knob breakdowns (:data:`KNOBS`): attention kernel (the Hagemann ``kernel=``
-  note; ``flash_attention=y/n`` as modelled elsewhere), recompute, sequence
+  note; ``flash_attention=y/n`` as modelled elsewhere), sharding, tp, recompute, sequence
   length, GPU type and family: rows, runs that ran, throughput MAPE, median
   predicted/measured and the OOM confusion.
 - The pick metric (:func:`pick_score`) of every sweep: the layout the model
@@ -47,9 +47,17 @@ from pipette_cp.experiments.published_runs_fit import fit_frameworks, fit_memory
 
 SIDES = (FIT, HELD_OUT)
 
+
 #: Knobs of the breakdown tables: title and the label of a row.
+def _sharding(r: RunResult) -> str:
+    parts = r.layout.split("-")
+    return next((s for s in ("zero3", "zero2", "do") if s in parts), "none")
+
+
 KNOBS: dict[str, Callable[[RunResult], str]] = {
     "attention kernel": lambda r: r.kernel,
+    "sharding": _sharding,
+    "tensor parallel": lambda r: r.layout.split("-")[2],
     "recompute": lambda r: r.recompute,
     "sequence length": lambda r: str(r.seq_len),
     "GPU type": lambda r: r.gpu_type,

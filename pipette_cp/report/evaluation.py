@@ -29,6 +29,7 @@ def evaluation_json(
         "recompute": plan.recompute,
         "distributed_optimizer": plan.distributed_optimizer,
         "dp_sharding": plan.sharding,
+        "dp_shard_size": plan.shard_group,
         "flash_attention": plan.flash_attention,
         "layer_split": list(plan.layer_split),
         "iteration_time_s": evaluation.iteration_time_s,

@@ -111,6 +111,10 @@ def megatron_args(instance: Instance, plan: Plan) -> list[str]:
     if plan.sharding in ("optim_grads", "optim_grads_params"):
         # Megatron-FSDP (Megatron-Core >= 0.11) names the ZeRO levels this way
         args += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {plan.sharding}"]
+    if plan.hybrid:  # HSDP: one copy of the sharded state per group of shard_group DP ranks
+        args.append(f"--num-distributed-optimizer-instances {plan.dp // plan.shard_group}")
+        if plan.sharding in ("optim_grads", "optim_grads_params"):
+            args.append("--outer-dp-sharding-strategy no_shard")
     args += attention_args(instance, plan)
     if t.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")

@@ -97,8 +97,12 @@ def enumerate_layouts(instance: Instance, space: SearchSpace | None = None) -> I
                 if v == 1 or (d.pp > 1 and model.num_layers >= d.pp * v and m % d.pp == 0)
             ]
             sps = sorted({sp and d.tp > 1 for sp in space.sequence_parallel}, reverse=True)
-            levels = _sharding_levels(space, d.dp, d.pp)
-            for vpp, sp, recompute, sharding, (fa, kernel), norm in product(
+            levels = [
+                (level, group)
+                for level in _sharding_levels(space, d.dp, d.pp)
+                for group in _shard_groups(space, level, d.dp)
+            ]
+            for vpp, sp, recompute, (sharding, group), (fa, kernel), norm in product(
                 vpps, sps, space.recompute, levels, kernels, norms
             ):
                 yield make_plan(
@@ -111,6 +115,7 @@ def enumerate_layouts(instance: Instance, space: SearchSpace | None = None) -> I
                     sequence_parallel=sp,
                     recompute=recompute,
                     dp_sharding=sharding,
+                    dp_shard_size=group,
                     flash_attention=fa,
                     attention_kernel=kernel,
                     fused_norm=norm,
@@ -142,6 +147,14 @@ def _kernel_choices(
             f"flash3 runs on Hopper GPUs (H100, H200) only; the cluster has {others[0]}",
         )
     return [(k in FUSED_ATTENTION, k) for k in space.attention_kernel]
+
+
+def _shard_groups(space: SearchSpace, level: Sharding, dp: int) -> list[int | None]:
+    """Shard groups of a sharding level: all dp ranks (None), and the space's HSDP sizes
+    that divide dp and are smaller."""
+    if level == "none" or space.dp_shard_size is None:
+        return [None]
+    return [None, *(g for g in space.dp_shard_size if g < dp and dp % g == 0)]
 
 
 def _sharding_levels(space: SearchSpace, dp: int, pp: int) -> list[Sharding]:

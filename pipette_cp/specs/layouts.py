@@ -59,6 +59,7 @@ def make_plan(
     distributed_optimizer: bool = False,
     flash_attention: bool = True,
     dp_sharding: Sharding | None = None,
+    dp_shard_size: int | None = None,
     attention_kernel: AttentionKernel | None = None,
     fused_norm: bool | None = None,
     layer_split: tuple[int, ...] | None = None,
@@ -75,6 +76,7 @@ def make_plan(
         recompute=recompute,
         distributed_optimizer=distributed_optimizer or dp_sharding not in (None, "none"),
         dp_sharding=dp_sharding,
+        dp_shard_size=dp_shard_size,
         flash_attention=flash_attention
         if attention_kernel is None
         else attention_kernel in FUSED_ATTENTION,

@@ -100,6 +100,14 @@ class Plan(FrozenSpec):
         "distributed optimizer), optim_grads (ZeRO-2), optim_grads_params (ZeRO-3 / FSDP); "
         "None: none or optim as distributed_optimizer says.",
     )
+    dp_shard_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="Hybrid sharding (HSDP): the sharded state is split over groups of this "
+        "many consecutive data-parallel ranks and replicated across the dp / dp_shard_size "
+        "groups (Megatron --num-distributed-optimizer-instances = dp / dp_shard_size; PyTorch "
+        "FSDP HYBRID_SHARD); None: over all dp ranks.",
+    )
     flash_attention: bool = Field(default=True, description="FlashAttention kernels.")
     layer_split: tuple[int, ...] = Field(description="Layers per model chunk, length pp * vpp.")
     placement: tuple[tuple[int, ...], ...] = Field(
@@ -150,6 +158,18 @@ class Plan(FrozenSpec):
         return self.dp_sharding if self.dp_sharding not in (None, "none") else "optim"
 
     @property
+    def shard_group(self) -> int:
+        """Data-parallel ranks that share one copy of the sharded state (dp unless HSDP)."""
+        if self.sharding == "none" or self.dp_shard_size is None:
+            return self.dp
+        return self.dp_shard_size
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether the sharded state is replicated across several shard groups (HSDP)."""
+        return self.shard_group < self.dp
+
+    @property
     def num_gpus(self) -> int:
         return self.dp * self.pp * self.tp
 
@@ -172,6 +192,8 @@ class Plan(FrozenSpec):
             parts.append({"selective": "sel", "full": "full"}[self.recompute])
         if self.distributed_optimizer:
             parts.append(_SHARDING_LABEL[self.sharding])
+        if self.hybrid:
+            parts.append(f"hsdp{self.shard_group}")
         if not self.flash_attention:
             parts.append("nofa")
         if self.attention_kernel is not None:

@@ -191,6 +191,12 @@ class SearchSpace(FrozenSpec):
         description="Data-parallel sharding levels to try (none, optim, optim_grads, "
         "optim_grads_params); None: none and optim as distributed_optimizer allows.",
     )
+    dp_shard_size: tuple[int, ...] | None = Field(
+        default=None,
+        description="Hybrid sharding (HSDP) shard-group sizes to try beside sharding over all "
+        "dp ranks, for every sharding level above none (each dividing dp and below it; e.g. "
+        "the GPUs of a node over tp); None: no hybrid sharding.",
+    )
     attention_kernel: tuple[AttentionKernel, ...] | None = Field(
         default=None,
         description="Attention kernels the stack has and the search may choose among "
@@ -204,7 +210,7 @@ class SearchSpace(FrozenSpec):
         default=True, description="Whether dp x pp x tp must equal the number of GPUs."
     )
 
-    @field_validator("tp", "pp", "dp", "micro_batch_size", "vpp")
+    @field_validator("tp", "pp", "dp", "micro_batch_size", "vpp", "dp_shard_size")
     @classmethod
     def _positive(cls, values: tuple[int, ...] | None) -> tuple[int, ...] | None:
         if values is not None:

@@ -156,7 +156,8 @@ def _stage_tables(
     emb = padded_vocab_size(model, plan.tp) * model.hidden_size / plan.tp * grad
     return {
         "allowed": allowed, "place_class": place_class, "class_forward": fwd_a,
-        "class_backward": bwd_a, "class_optimizer": opt_a, "exact": monotone and single,
+        "class_backward": bwd_a, "class_optimizer": opt_a,
+        "exact": monotone and single and not plan.hybrid,  # HSDP: its groups are not modelled
         "act_bytes": act / (plan.tp if plan.sequence_parallel else 1),
         # ring: factor (D-1)/D x bytes / slowest link (Patarasuk & Yuan 2009), as comm
         "ring_bytes": sync * (dp - 1) / dp * synced * grad,

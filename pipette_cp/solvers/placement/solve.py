@@ -217,6 +217,8 @@ def solve_placement(
         No placement found within the time limit (the master never answered).
     """
     started = time.perf_counter()
+    if plan.hybrid:
+        return _hybrid_placement(instance, plan, options, backend, dp_algorithm, seeder, started)
     # keep a little of the budget for re-scoring the result and the hints
     deadline = started + options.time_limit_s - min(FINISH_RESERVE_S, 0.05 * options.time_limit_s)
     data = build_placement_data(instance, plan, constraints=options.constraints)
@@ -262,6 +264,31 @@ def solve_placement(
     # the master is exact for ring all-reduce, and its compute classes for one GPU type
     valid = (dp_algorithm == "ring" or not two_level_possible(data)) and data.exact
     return _finish(scorer, plan, data, best, bound if valid else None, plans, backend, started)
+
+
+def _hybrid_placement(
+    instance: Instance, plan: Plan, options: SolveOptions, backend: str,
+    dp_algorithm: comm.Algorithm, seeder: Seeder | None, started: float,
+) -> Plan:  # fmt: skip
+    """HSDP: the masters model one DP ring per stage, not the shard and replica groups, so
+    the seeder's placements (Pipette's annealer among them) are scored by the Evaluator
+    and the best is returned as ``feasible``, with no bound."""
+    evaluator = Evaluator(instance, dp_algorithm=dp_algorithm)
+    plans = (seeder or PlainSeeder()).hint_plans(instance, plan, options, min(2.0, 0.1 * options.time_limit_s))  # fmt: skip
+    scored = []
+    for i, hint in enumerate(plans):
+        if check_plan(instance, hint) or family_violations(options.constraints, instance, hint):
+            continue  # over a failed link, out of memory, or against a user family
+        with contextlib.suppress(PipetteError):
+            scored.append((evaluator.iteration_time(hint), i, hint))
+    if not scored:
+        raise InfeasibleError(
+            "no placement of the hybrid-sharded plan avoids the failed links and fits"
+        )
+    objective, _, chosen = min(scored, key=lambda item: (item[0], item[1]))
+    info = SolveInfo(method=backend, status="feasible", objective=objective,
+                     wall_time_s=time.perf_counter() - started)  # fmt: skip
+    return chosen.model_copy(update={"evaluation": None, "solve_info": info})
 
 
 def _finish(evaluator, plan, data, best, bound, plans, method, started) -> Plan:
