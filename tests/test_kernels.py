@@ -98,7 +98,8 @@ def test_unfused_rmsnorm_costs_time_and_memory():
 )
 def test_a_faster_kernel_never_slows_the_layer(tp: int, mb: int, seq: int, gpu) -> None:
     """FlashAttention 2 beats FlashAttention 1, fused kernels beat the unfused path, a
-    fused norm beats PyTorch's; the fused norm never keeps more memory."""
+    fused norm beats PyTorch's, fused bias-activation the separate kernels; the fused
+    kernels never keep more memory."""
     plan = _plan(tp=tp, micro_batch_size=mb)
     base = TrainingSpec(global_batch_size=64, seq_length=seq)
 
@@ -116,6 +117,9 @@ def test_a_faster_kernel_never_slows_the_layer(tp: int, mb: int, seq: int, gpu) 
     assert activation_bytes_per_layer(LLAMA, base, plan) <= activation_bytes_per_layer(
         LLAMA, base.model_copy(update={"fused_norm": False}), plan
     )
+    unfused = base.model_copy(update={"fused_bias_activation": False})
+    assert total(base) <= total(unfused)
+    assert activation_bytes_per_layer(LLAMA, base, plan) <= activation_bytes_per_layer(LLAMA, unfused, plan)  # fmt: skip
 
 
 def test_a_plan_may_name_its_kernel():
@@ -155,3 +159,27 @@ def test_flash3_in_the_search_space_needs_hopper():
     inst = inst.model_copy(update={"search_space": SearchSpace(attention_kernel=("flash3",))})
     with pytest.raises(SpecError, match=r"search_space\.attention_kernel=.*Hopper"):
         list(enumerate_layouts(inst))
+
+
+def test_unfused_bias_activation_costs_time_and_memory():
+    """Unfused SwiGLU: SiLU and the product as two kernels (10 B instead of 6 B of HBM
+    traffic per element of T f/t forward) and the SiLU output kept (2 B per element)."""
+    fused, unfused = _train(), _train(fused_bias_activation=False)
+    extra = activation_bytes_per_layer(LLAMA, unfused, _plan()) - activation_bytes_per_layer(LLAMA, fused, _plan())  # fmt: skip
+    assert extra == 4096 * LLAMA.ffn_hidden_size * 2.0
+    assert _layer_s(unfused) > _layer_s(fused)
+    gpt = LLAMA.model_copy(update={"activation": "gelu", "ffn_hidden_size": 16384})
+    no_bias = [activation_bytes_per_layer(gpt, t, _plan()) for t in (fused, unfused)]
+    assert no_bias[0] == no_bias[1]  # GeLU keeps its input either way
+
+
+def test_fused_cross_entropy_keeps_only_the_bf16_logits():
+    from pipette_cp.cost.compute import chunk_times
+    from pipette_cp.cost.memory import logits_bytes
+
+    plan = _plan()
+    plain, fused = _train(), _train(fused_cross_entropy=True)
+    assert logits_bytes(LLAMA, fused, plan) * 3 == logits_bytes(LLAMA, plain, plan)
+    times = [chunk_times(LLAMA, t, A100, plan, NVLINK, None) for t in (plain, fused)]
+    assert times[1].forward_s[0] < times[0].forward_s[0]
+    assert times[1].backward_s[0] < times[0].backward_s[0]

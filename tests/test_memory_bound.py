@@ -147,3 +147,25 @@ def test_the_margin_rule_trades_false_fits_for_at_most_five_percent_false_ooms()
     assert MAX_FALSE_OOM == 0.05
     margins = fit_memory_margins(Baseline(tuple(rows), Counter()))
     assert margins == {"aleph-alpha": 0.31}
+
+
+def test_fsdp_runtime_leaves_out_deepspeeds_buckets():
+    """The runtime constant fitted on Megatron-DeepSpeed includes DeepSpeed's reduce and
+    all-gather buckets (5e8 fp16 elements each); PyTorch FSDP frameworks have neither."""
+    inst = small_instance()
+    runtimes = {}
+    for name in ("megatron-deepspeed", "llm-foundry", "torchtitan"):
+        training = inst.training.model_copy(update={"framework": FrameworkProfile(name=name)})
+        runtimes[name] = memory_by_stage(inst.model, training, PLAN)[0].runtime
+    assert runtimes["megatron-deepspeed"] - runtimes["llm-foundry"] == pytest.approx(2e9)
+    assert runtimes["llm-foundry"] == runtimes["torchtitan"]
+
+
+def test_any_training_field_on_the_command_line():
+    runner = CliRunner()
+    args = ["predict", "llama-2-7b-g3-32", "--tp", "2", "--pp", "1", "--json"]
+    plain = json.loads(runner.invoke(app, args).stdout)
+    stack = ["--training", "fused_norm=false", "--training", "fused_bias_activation=false"]
+    slow = json.loads(runner.invoke(app, [*args, *stack]).stdout)
+    assert slow["iteration_time_s"] > plain["iteration_time_s"]
+    assert slow["memory_gb_per_gpu_max"] > plain["memory_gb_per_gpu_max"]

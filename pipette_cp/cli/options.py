@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Annotated, Any, get_type_hints
 
 import typer
+import yaml
 from pydantic import ValidationError
 
 from pipette_cp.cost.layout_check import validate_layout
@@ -64,6 +65,14 @@ FrameworkOption = Annotated[
         "megatron-deepspeed, megatron-deepspeed-bf16, aleph-alpha, llm-foundry, torchtitan.",
     ),
 ]
+TrainingSetOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--training",
+        help="Set a training field, KEY=VALUE (repeatable), e.g. fused_norm=false, "
+        "attention_kernel=flash2, fused_cross_entropy=true, framework=nemo.",
+    ),
+]
 MemoryHeadroomOption = Annotated[
     str | None,
     typer.Option(
@@ -72,6 +81,25 @@ MemoryHeadroomOption = Annotated[
         "of its memory (0.05, 5%) [default: 2%, at least 1 GiB].",
     ),
 ]
+
+
+def parse_assignments(option: str, items: list[str]) -> dict[str, object]:
+    """``KEY=VALUE`` items as a mapping, each value read as a YAML scalar (``true``,
+    ``2``, ``flash2``); the spec validates the keys and values.
+
+    >>> parse_assignments("--training", ["fused_norm=false", "framework=nemo"])
+    {'fused_norm': False, 'framework': 'nemo'}
+    """
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise SpecError(option, item, "expected KEY=VALUE, e.g. fused_norm=false")
+        try:
+            out[key.strip().replace("-", "_")] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise SpecError(option, item, "the value is not a YAML scalar") from None
+    return out
 
 
 def parse_headroom(text: str) -> dict[str, float | None]:
@@ -114,6 +142,7 @@ class Replacements:
     seq_length: SeqLengthOption = None
     framework: FrameworkOption = None
     memory_headroom: MemoryHeadroomOption = None
+    training: TrainingSetOption = None
 
     def any(self) -> bool:
         """Whether anything is replaced (the instance file no longer describes the job)."""
@@ -168,6 +197,7 @@ def resolve_instance(instance: str, replace: Replacements) -> Instance:
     training: dict[str, object] = {k: v for k, v in pairs if v is not None}
     if replace.memory_headroom is not None:  # replaces either headroom field
         training.update(parse_headroom(replace.memory_headroom))
+    training.update(parse_assignments("--training", replace.training or []))
     if training:
         update["training"] = validate_spec(
             TrainingSpec, {**inst.training.model_dump(), **training}, "training"

@@ -25,7 +25,9 @@ from pipette_cp.cost.calibration import (
 from pipette_cp.cost.flops import ATTENTION_CORE, Gemm, layer_gemms
 from pipette_cp.cost.framework import attention_scale, framework_calibration
 from pipette_cp.cost.kernels import (
+    CROSS_ENTROPY_BYTES,
     SOFTMAX_BYTES,
+    activation_bytes,
     attention_kernel,
     fused_attention_efficiency,
     norm_bytes,
@@ -112,8 +114,9 @@ def _elementwise_forward_bytes(model: ModelSpec, training: TrainingSpec, plan: P
     # Two norms (cost.kernels.norm_bytes: fused, read + write 2 B), two
     # bias-dropout-add (x, residual, out, mask).
     total = rows * (2 * norm_bytes(model, training, plan) + 2 * (6.0 + drop))
-    # Bias-GeLU reads and writes T f/t; SwiGLU reads 2 T f/t and writes T f/t.
-    total += tokens * f / t * (6.0 if model.activation == "swiglu" else 4.0)
+    # The activation (cost.kernels.activation_bytes): fused bias-GeLU reads and writes
+    # T f/t, bias-SwiGLU reads 2 T f/t and writes T f/t; unfused kernels move more.
+    total += tokens * f / t * activation_bytes(model, training)
     if model.position_embedding == "rope":
         q_kv = (model.num_attention_heads + model.kv_heads) * model.head_size
         total += 4.0 * tokens * q_kv / t
@@ -239,12 +242,14 @@ def _boundary_times(
     emb = (_hbm_time_s(emb_bytes, gpu, cal) + 2 * half, _hbm_time_s(2 * emb_bytes, gpu, cal))
     head = Gemm("lm_head", tokens, vocab // t, h)
     logits = tokens * vocab / t
-    # Megatron vocab-parallel cross-entropy: bf16 -> fp32 copy, max, subtract, exp,
-    # sum, divide (~38 B per logit forward, ~22 B backward incl. the bf16 cast);
+    # The vocab-parallel cross-entropy (cost.kernels.CROSS_ENTROPY_BYTES, fused or not);
     # final norm 8 B (forward) and 16 B (backward) per hidden element.
-    head_fwd = gemm_time_s(head, gpu, cal) + _hbm_time_s(38.0 * logits + 8.0 * tokens * h, gpu, cal)
+    ce_fwd, ce_bwd = CROSS_ENTROPY_BYTES[training.fused_cross_entropy]
+    head_fwd = gemm_time_s(head, gpu, cal) + _hbm_time_s(
+        ce_fwd * logits + 8.0 * tokens * h, gpu, cal
+    )
     head_bwd = sum(gemm_time_s(g, gpu, cal) for g in head.backward())
-    head_bwd += _hbm_time_s(22.0 * logits + 16.0 * tokens * h, gpu, cal)
+    head_bwd += _hbm_time_s(ce_bwd * logits + 16.0 * tokens * h, gpu, cal)
     return (*emb, 2 * half, 0.0), (head_fwd + half, head_bwd + half, half, half)
 
 

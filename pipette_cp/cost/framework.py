@@ -41,6 +41,8 @@ class Framework:
     keeps_compute_weights: bool = True
     #: the upper bound's allowance, a fraction of the per-micro-batch memory
     memory_margin: float = 0.0
+    #: constant memory beyond the tensors (None: the calibrated MEMORY_CALIBRATION value)
+    runtime_bytes: float | None = None
 
     def compute_scale(self, gpu_family: str) -> float:
         """The factor on the calibrated compute rates on a GPU of ``gpu_family``."""
@@ -57,6 +59,13 @@ def _megatron_layout(
 
 
 _FIT = "fitted: 1 / median(predicted / measured) on the fit side of published_runs_more.csv"
+
+#: PyTorch FSDP has none of DeepSpeed's communication buckets, which the fitted runtime
+#: constant (BLOOM, Megatron-DeepSpeed) includes: ``reduce_bucket_size`` and
+#: ``allgather_bucket_size``, 5e8 elements each by default (DeepSpeed ZeRO config), in
+#: fp16: 2 x 5e8 x 2 B less than the fitted 5.56 GiB.
+_FSDP_RUNTIME_BYTES = 5.56 * 2**30 - 2 * 5e8 * 2
+
 
 #: The frameworks by name.
 FRAMEWORKS: dict[str, Framework] = {
@@ -100,6 +109,7 @@ FRAMEWORKS: dict[str, Framework] = {
         attention_efficiency=0.55,
         gpu_efficiency=(("A100", 1.043), ("H100", 0.887)),
         keeps_compute_weights=False,
+        runtime_bytes=_FSDP_RUNTIME_BYTES,
     ),
     # torchtitan (FSDP2, the same fp32-shard mixed precision as FSDP; SDPA flash attention):
     # no rows, so llm-foundry's compute speed per GPU family with the kernel's own attention.
@@ -109,12 +119,13 @@ FRAMEWORKS: dict[str, Framework] = {
         "not fitted: llm-foundry's compute speed per GPU family (no rows)",
         gpu_efficiency=(("A100", 1.043), ("H100", 0.887)),
         keeps_compute_weights=False,
+        runtime_bytes=_FSDP_RUNTIME_BYTES,
     ),
 }
 
 _FIELDS = ("compute_efficiency", "weight_bytes", "gradient_bytes", "master_weight_bytes",
            "optimizer_state_bytes")  # fmt: skip
-_OPTIONAL = ("attention_efficiency", "keeps_compute_weights", "memory_margin")
+_OPTIONAL = ("attention_efficiency", "keeps_compute_weights", "memory_margin", "runtime_bytes")
 
 
 def resolve_framework(profile: FrameworkProfile) -> Framework:

@@ -37,6 +37,25 @@ NORM_BYTES = {True: 4.0, False: 36.0}
 UNFUSED_NORM_EXTRA_BYTES = 4.0
 
 
+#: HBM bytes per element of T f / t of the activation, forward.  Fused (Megatron's
+#: bias-GeLU, bias-SwiGLU): GeLU reads and writes 2 B; SwiGLU reads gate and up and writes
+#: the product (6 B).  Unfused: GeLU alone the same, the bias add before it another read
+#: and write (4 B, only with biases); SwiGLU as SiLU (read + write) then the product
+#: (read 2 x 2, write 2): 10 B.
+ACTIVATION_BYTES = {("gelu", True): 4.0, ("gelu", False): 4.0, ("swiglu", True): 6.0, ("swiglu", False): 10.0}  # fmt: skip
+#: Unfused SwiGLU keeps the SiLU output (2 B per element of T f / t) for the product's
+#: backward; the fused kernel recomputes it from the gate.
+UNFUSED_SWIGLU_EXTRA_BYTES = 2.0
+#: Cross-entropy HBM bytes per logit, (forward, backward).  Megatron's vocab-parallel
+#: loss: fp32 copy, max, subtract, exp, sum, divide (~38 B) and a backward of ~22 B with
+#: the bf16 cast; fused (--cross-entropy-loss-fusion): two reads of the bf16 logits and
+#: the gradient written over them (6 B), a scaled copy back (4 B) (assumption).
+CROSS_ENTROPY_BYTES = {False: (38.0, 22.0), True: (6.0, 4.0)}
+#: Bytes per logit alive at the last stage's peak: the bf16 logits and the fp32 copy the
+#: unfused loss saves (6 B); the fused loss keeps only the bf16 logits (2 B).
+LOGITS_KEPT_BYTES = {False: 6.0, True: 2.0}
+
+
 def is_hopper(gpu: GpuSpec) -> bool:
     """Whether ``gpu`` is a Hopper part (H100, H200): FlashAttention 3 runs only there."""
     return any(tag in gpu.name.upper() for tag in ("H100", "H200"))
@@ -103,3 +122,18 @@ def norm_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
 def unfused_norm_extra_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
     """Bytes per element one norm keeps beyond its input (0 when fused)."""
     return 0.0 if fused_norm(model, training, plan) else UNFUSED_NORM_EXTRA_BYTES
+
+
+def activation_bytes(model: ModelSpec, training: TrainingSpec) -> float:
+    """HBM bytes per element of the activation's input, forward (fused or not)."""
+    fused = training.fused_bias_activation
+    if model.activation == "swiglu":
+        return ACTIVATION_BYTES[("swiglu", fused)]
+    bias_add = 0.0 if fused or not model.linear_bias else 4.0
+    return ACTIVATION_BYTES[("gelu", fused)] + bias_add
+
+
+def unfused_activation_extra_bytes(model: ModelSpec, training: TrainingSpec) -> float:
+    """Bytes per element of T f / t the activation keeps beyond Korthikanti's count."""
+    unfused_swiglu = model.activation == "swiglu" and not training.fused_bias_activation
+    return UNFUSED_SWIGLU_EXTRA_BYTES if unfused_swiglu else 0.0

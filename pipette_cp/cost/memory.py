@@ -33,7 +33,12 @@ from dataclasses import asdict, dataclass
 
 from pipette_cp.cost.calibration import MEMORY_CALIBRATION, MemoryCalibration
 from pipette_cp.cost.framework import resolve_framework
-from pipette_cp.cost.kernels import unfused_norm_extra_bytes, uses_fused_attention
+from pipette_cp.cost.kernels import (
+    LOGITS_KEPT_BYTES,
+    unfused_activation_extra_bytes,
+    unfused_norm_extra_bytes,
+    uses_fused_attention,
+)
 from pipette_cp.specs.gpu import GpuSpec
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
@@ -186,6 +191,7 @@ def _full_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, plan:
     # Same source: GeLU input and output (2 x 2 x 4h -> 16sbh); SwiGLU stores the
     # gate and up projections (2 x 2f) and its output (2f).
     mlp = tokens * f * (6.0 if model.activation == "swiglu" else 4.0)
+    mlp += tokens * f * unfused_activation_extra_bytes(model, training)  # unfused SwiGLU
     split = (attention + mlp) / t
     # Same source: softmax output (2as^2b), dropout mask (as^2b) and output (2as^2b);
     # FlashAttention keeps only the fp32 log-sum-exp per row (4 B x a s b).
@@ -281,7 +287,8 @@ def logits_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
     after its forward, so one micro-batch of logits is alive.
     """
     vocab = padded_vocab_size(model, plan.tp)
-    return 6.0 * training.seq_length * plan.micro_batch_size * vocab / plan.tp
+    kept = LOGITS_KEPT_BYTES[training.fused_cross_entropy]  # 2 B when the loss is fused
+    return kept * training.seq_length * plan.micro_batch_size * vocab / plan.tp
 
 
 def _temporary_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
@@ -378,8 +385,10 @@ def stage_memory(
     # Runtime: CUDA context + NCCL + workspaces (constant) and the caching allocator's
     # reserve, a fraction of the memory churned every micro-batch (fitted on BLOOM).
     dynamic = activations + logits + temporary
-    runtime = calibration.runtime_bytes + calibration.allocator_fraction * dynamic
-    margin = resolve_framework(training.framework).memory_margin * dynamic  # dynamic_bytes
+    fw = resolve_framework(training.framework)
+    constant = calibration.runtime_bytes if fw.runtime_bytes is None else fw.runtime_bytes
+    runtime = constant + calibration.allocator_fraction * dynamic
+    margin = fw.memory_margin * dynamic  # dynamic_bytes
     return MemoryBreakdown(
         weights=params * w_b,
         gradients=params * g_b,

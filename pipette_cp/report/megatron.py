@@ -85,6 +85,19 @@ def attention_args(instance: Instance, plan: Plan) -> list[str]:
     return ["--attention-backend unfused", *extra]
 
 
+def fusion_args(instance: Instance) -> list[str]:
+    """The fused-kernel switches of the stack: bias-activation (on by default) and the
+    cross-entropy fusion (off by default)."""
+    model, training = instance.model, instance.training
+    args = []
+    if not training.fused_bias_activation:
+        swiglu = model.activation == "swiglu"
+        args.append("--no-bias-swiglu-fusion" if swiglu else "--no-bias-gelu-fusion")
+    if training.fused_cross_entropy:
+        args.append("--cross-entropy-loss-fusion")
+    return args
+
+
 def megatron_args(instance: Instance, plan: Plan) -> list[str]:
     """Every flag: parallel sizes, batch, interleaving, SP, recompute, optimizer, split."""
     t = instance.training
@@ -116,6 +129,7 @@ def megatron_args(instance: Instance, plan: Plan) -> list[str]:
         if plan.sharding in ("optim_grads", "optim_grads_params"):
             args.append("--outer-dp-sharding-strategy no_shard")
     args += attention_args(instance, plan)
+    args += fusion_args(instance)
     if t.overlap_grad_reduce:
         args.append("--overlap-grad-reduce")
     if t.overlap_param_gather and plan.distributed_optimizer:

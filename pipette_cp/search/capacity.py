@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from itertools import product
 
 from pipette_cp.cost.calibration import MEMORY_CALIBRATION
+from pipette_cp.cost.framework import resolve_framework
 from pipette_cp.cost.memory import memory_by_stage, usable_memory_bytes
 from pipette_cp.specs import Instance, Recompute, SearchSpace
 from pipette_cp.specs.layouts import make_plan
@@ -98,7 +99,8 @@ def model_capacity(instance: Instance, space: SearchSpace | None = None) -> Capa
     a knob the space leaves empty counts as unrestricted."""
     space = space or instance.search_space
     model, training, cluster = instance.model, instance.training, instance.cluster
-    runtime = MEMORY_CALIBRATION.runtime_bytes
+    own = resolve_framework(training.framework).runtime_bytes  # the framework's, if its own
+    runtime = MEMORY_CALIBRATION.runtime_bytes if own is None else own
     lightest = math.inf
     knobs = product(
         space.micro_batch_size or (1,),

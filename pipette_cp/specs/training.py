@@ -72,6 +72,13 @@ class FrameworkProfile(FrozenSpec):
         "weights beside the fp32 master (DeepSpeed ZeRO-3, Megatron: true) or casts the fp32 "
         "shard at each all-gather (PyTorch FSDP mixed precision: false).",
     )
+    runtime_bytes: float | None = Field(
+        default=None,
+        ge=0,
+        description="Constant memory per GPU beyond the tensors: CUDA context, NCCL and "
+        "workspaces, and the framework's communication buckets (default: the value fitted "
+        "on Megatron-DeepSpeed's BLOOM runs, 5.56 GiB).",
+    )
     memory_margin: float | None = Field(
         default=None,
         ge=0,
@@ -114,6 +121,18 @@ class TrainingSpec(FrozenSpec):
         "Megatron).  False: an RMSNorm written in PyTorch (fp32 up-cast, square, mean, "
         "rsqrt, scale, down-cast: more HBM traffic, and an fp32 copy kept for backward); "
         "PyTorch's own LayerNorm is one kernel either way.",
+    )
+    fused_bias_activation: bool = Field(
+        default=True,
+        description="Megatron's fused bias-GeLU / bias-SwiGLU kernels (--bias-gelu-fusion, "
+        "--bias-swiglu-fusion, on by default).  False: the bias add and the activation (for "
+        "SwiGLU: SiLU, then the product) run as separate kernels, and SwiGLU keeps the SiLU "
+        "output for its backward.",
+    )
+    fused_cross_entropy: bool = Field(
+        default=False,
+        description="Megatron --cross-entropy-loss-fusion (off by default): the loss and "
+        "its gradient in one pass over the bf16 logits, no fp32 copy kept.",
     )
     overlap_grad_reduce: bool = Field(
         default=False,
