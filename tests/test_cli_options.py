@@ -37,13 +37,61 @@ def test_solve_on_a_cluster_file_writes_an_instance_export_can_reload(tmp_path: 
     )  # fmt: skip
     assert code == 0, out
     plan = Plan.model_validate_json(plan_path.read_text())
-    assert plan.instance is not None and plan.instance.endswith("plan.instance.yaml")
-    inst = load_instance(plan.instance)
+    assert plan.instance == "plan.instance.yaml"  # next to the plan, never an absolute path
+    inst = load_instance(plan_path.parent / plan.instance)
     assert inst.model.name == "gpt3-1.3b" and inst.cluster.num_gpus == 16
     assert inst.training.global_batch_size == 64 and inst.name == "gpt3-1.3b-on-measured"
     assert plan.dp * plan.pp * plan.tp <= 16
     code, out = run("export", str(plan_path), "--megatron")
     assert code == 0 and "--global-batch-size 64" in out
+
+
+def test_a_solved_plan_and_its_instance_move_together(tmp_path: Path) -> None:
+    """The instance refers to the cluster file relative to itself: moving the folder
+    (plan, instance and cluster) keeps export working from anywhere."""
+    work = tmp_path / "work"
+    work.mkdir()
+    cluster = _cluster(work)
+    plan_path = work / "plan.json"
+    code, out = run(
+        "solve", "--model", "gpt3-1.3b", "--cluster", str(cluster), "--global-batch", "64",
+        "--method", "greedy", "--time-limit", "5", "-o", str(plan_path),
+    )  # fmt: skip
+    assert code == 0, out
+    text = (work / "plan.instance.yaml").read_text()
+    assert str(tmp_path) not in text and str(tmp_path) not in plan_path.read_text()
+    moved = tmp_path / "moved"
+    work.rename(moved)
+    code, out = run("export", str(moved / "plan.json"), "--megatron")
+    assert code == 0 and "--global-batch-size 64" in out, out
+
+
+def test_solve_checks_its_output_before_the_work_and_writes_after_it(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-folder" / "plan.json"
+    code, out = run("solve", "gpt3-1.3b-nominal-8", "--time-limit", "5", "-o", str(missing))
+    assert code == 2 and "does not exist" in out
+    code, out = run("solve", "gpt3-1.3b-nominal-8", "--time-limit", "5", "-o", str(tmp_path))
+    assert code == 2 and "is a directory" in out
+    plan_path = tmp_path / "plan.json"
+    code, out = run("solve", "gpt3-1.3b-nominal-8", "--tp", "3", "-o", str(plan_path))
+    assert code != 0 and not plan_path.exists()  # a failed solve writes nothing
+    assert not list(tmp_path.glob(".plan.json.*"))  # nor leaves temporary files
+
+
+def test_export_refuses_another_models_instance(tmp_path: Path) -> None:
+    plan_path = tmp_path / "plan.json"
+    code, out = run("solve", "gpt3-1.3b-nominal-8", "--method", "greedy", "--time-limit", "5",
+                    "-o", str(plan_path))  # fmt: skip
+    assert code == 0, out
+    other = tmp_path / "other.yaml"
+    other.write_text(
+        "model: gpt3-2.7b\ncluster: {gpu: A100-SXM4-80GB, num_nodes: 1, gpus_per_node: 8, "
+        "nominal: true, nics_per_node: 8, nic_bandwidth_gb_per_s: 25, "
+        "intra_node_bandwidth_gb_per_s: 235, inter_node_bandwidth_gb_per_s: 25}\n"
+        "training: {global_batch_size: 512, seq_length: 2048}\n"
+    )
+    code, out = run("export", str(plan_path), "--megatron", "--instance", str(other))
+    assert code == 2 and "the plan was made for gpt3-1.3b-nominal-8" in out, out
 
 
 def test_predict_uses_the_measured_profile(tmp_path: Path) -> None:

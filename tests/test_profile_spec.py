@@ -5,6 +5,7 @@ No PyTorch needed (the profiler's own tests are in ``test_profiler.py``).
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -84,3 +85,29 @@ def test_profile_without_torch_is_one_line(monkeypatch: pytest.MonkeyPatch) -> N
     result = CliRunner().invoke(app, ["profile", str(FILE), "--seq", "16"])
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [f"error: {TORCH_MISSING}"]
+
+
+def test_a_profile_belongs_to_its_model_and_device():
+    """A profile records what it measured; an instance of another model, another GPU
+    family, or a CPU profile on a GPU cluster is refused with one line."""
+    from conftest import small_instance
+
+    from pipette_cp.errors import SpecError
+    from pipette_cp.specs import Instance, validate_spec
+
+    inst = small_instance()  # small-gpt on A100s
+    entry = {"tp": 1, "micro_batch_size": 1, "forward_s": 0.01, "backward_s": 0.02}
+
+    def with_profile(**fields):
+        data = {**dict(inst), "profile": {"entries": [entry], **fields}}
+        return validate_spec(Instance, data, "instance")
+
+    assert with_profile(model="small-gpt", device="cuda", gpu="NVIDIA A100-SXM4-80GB").profile
+    assert with_profile().profile  # nothing recorded: nothing to check
+    for fields, said in (
+        ({"model": "llama-2-7b"}, "profile.model='llama-2-7b'"),
+        ({"device": "cpu", "gpu": "cpu"}, "profile.device='cpu'"),
+        ({"gpu": "NVIDIA H100 80GB HBM3"}, "measured on H100, the cluster has A100"),
+    ):
+        with pytest.raises(SpecError, match=re.escape(said)):
+            with_profile(**fields)

@@ -211,6 +211,21 @@ def resolve_instance(instance: str, replace: Replacements) -> Instance:
     return validate_spec(Instance, {**dict(inst), **update}, "instance")
 
 
+def assumptions(inst: Instance, replace: Replacements) -> str:
+    """One line: the job's global batch and sequence length, and where each came from
+    (an option, or the instance, whose values a replaced model or cluster inherits)."""
+    t = inst.training
+
+    def source(option: str, given: object) -> str:
+        return f"from {option}" if given is not None else f"from the instance {inst.name}"
+
+    return (
+        f"assuming a global batch of {t.global_batch_size} sequences "
+        f"({source('--global-batch', replace.global_batch)}) of {t.seq_length} tokens "
+        f"({source('--seq-length', replace.seq_length)}), framework {t.framework.name}"
+    )
+
+
 PlanInstanceOption = Annotated[
     str | None,
     typer.Option(
@@ -227,12 +242,45 @@ def read_plan(path: Path) -> Plan:
         raise InputFileError(path, str(spec_error_from(exc, "plan"))) from None
 
 
+def _recorded_instance(path: Path, plan: Plan) -> str | None:
+    """The plan's own instance: a bundled name, or an instance file (``.yaml``) named
+    relative to the plan's folder (or as written); None when it records none."""
+    name = plan.instance
+    if not name:
+        return None
+    if not name.endswith((".yaml", ".yml")):
+        return name  # a bundled instance name (load_instance says if there is none)
+    beside = path.parent / name
+    return str(beside) if beside.is_file() else name
+
+
 def load_plan(path: Path, instance: str | None) -> tuple[Plan, Instance]:
-    """A plan file and its instance (from ``--instance`` or the plan's own record)."""
+    """A plan file and its instance (from ``--instance`` or the plan's own record).
+
+    The plan's record is a bundled instance name or an instance file next to the plan;
+    another ``--instance`` is accepted only for the same model and GPU count (the plan
+    moved, or its instance was renamed), and a plan that does not fit the instance's
+    layout rules is refused."""
     plan = read_plan(path)
-    name = instance or plan.instance
+    recorded = _recorded_instance(path, plan)
+    if recorded is not None and not recorded.endswith((".yaml", ".yml")) and "/" in recorded:
+        raise SpecError("plan.instance", recorded, "expected a bundled instance name or an instance .yaml file")  # fmt: skip
+    name = instance or recorded
     if not name:
         raise SpecError("--instance", None, f"{path} does not record its instance; pass --instance")
     inst = load_instance(name)
+    if instance is not None and recorded is not None and instance != recorded:
+        try:
+            own = load_instance(recorded)
+        except (InputFileError, SpecError):
+            own = None  # the plan's own instance is gone: the given one stands in
+        if own is not None and (
+            own.model != inst.model or own.cluster.num_gpus != inst.cluster.num_gpus
+        ):
+            raise SpecError(
+                "--instance", instance,
+                f"the plan was made for {recorded} ({own.model.name} on {own.cluster.num_gpus} GPUs), "
+                f"not {inst.model.name} on {inst.cluster.num_gpus} GPUs",
+            )  # fmt: skip
     validate_layout(inst, plan)  # a plan made for another instance (or edited by hand)
     return plan, inst

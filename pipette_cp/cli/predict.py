@@ -15,6 +15,7 @@ from pipette_cp.cli.options import (
     NO_REPLACEMENTS,
     InstanceArgument,
     Replacements,
+    assumptions,
     instance_options,
     read_plan,
     resolve_instance,
@@ -177,4 +178,8 @@ def predict(
     if as_json:
         typer.echo(json.dumps(evaluation_json(plan, evaluation, memory), indent=2))
     else:
+        steps = inst.training.global_batch_size // (plan.dp * plan.micro_batch_size)
+        console.print(
+            f"{assumptions(inst, replace)}; {steps} micro-batches per step", highlight=False
+        )
         console.print(evaluation_table(plan, evaluation, memory))

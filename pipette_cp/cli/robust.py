@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import glob
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from pipette_cp.cli.console import console
+from pipette_cp.cli.outputs import instance_path, instance_text, write_atomically
 from pipette_cp.cli.progress import search_progress
 from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.cluster_file import read_cluster_file
@@ -39,11 +40,11 @@ SnapshotsOption = Annotated[
     ),
 ]
 QuantileOption = Annotated[
-    float,
+    float | None,
     typer.Option(
         "--quantile",
         help="With --snapshots: minimise this quantile of the time over the snapshots "
-        "(1 = worst snapshot, 0.5 = median).",
+        "(1 = worst snapshot, 0.5 = median) [default: 1].",
     ),
 ]
 
@@ -92,7 +93,6 @@ def solve_robust(
     out: Path | None,
     cluster: Path | None,
     profile: Path | None,
-    write_instance: Callable[[Instance, Path, Path | None, Path | None], Path],
 ) -> None:
     """Run :func:`~pipette_cp.search.robust.robust_search` and print the plans table
     and the per-snapshot table (or JSON); ``--out`` writes the best plan and, next to
@@ -107,14 +107,14 @@ def solve_robust(
             inst, snapshots, quantile=q, method=method, top_k=top, time_limit_s=time_limit,
             seed=seed, space=space, progress=progress,
         )  # fmt: skip
-    name = inst.name
-    if out is not None:
-        crit = result.critical[0]
-        on_snapshot = with_cluster(inst, snapshots[crit])
-        name = str(write_instance(on_snapshot, out, paths[crit].resolve(), profile))
+    name = inst.name if out is None else instance_path(out).name
     result.plans = [p.model_copy(update={"instance": name}) for p in result.plans]
-    if out is not None:
-        out.write_text(result.plans[0].model_dump_json(indent=1) + "\n", encoding="utf-8")
+    if out is not None:  # the instance on the plan's quantile snapshot, then the plan
+        crit = result.critical[0]
+        at = instance_path(out)
+        on_snapshot = with_cluster(inst, snapshots[crit])
+        write_atomically(at, instance_text(on_snapshot, at, paths[crit], profile))
+        write_atomically(out, result.plans[0].model_dump_json(indent=1) + "\n")
     if as_json:
         typer.echo(json.dumps(robust_json(result), indent=1))
         return

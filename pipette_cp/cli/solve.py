@@ -9,23 +9,33 @@ from typing import Annotated
 import typer
 
 from pipette_cp.api import solve_with_stats
+from pipette_cp.cli.clock import STARTED_AT
 from pipette_cp.cli.console import console
 from pipette_cp.cli.options import (
     NO_REPLACEMENTS,
     InstanceArgument,
     Replacements,
+    assumptions,
     instance_options,
     resolve_instance,
+)
+from pipette_cp.cli.outputs import (
+    check_output,
+    check_run_options,
+    instance_path,
+    instance_text,
+    search_budget,
+    write_atomically,
 )
 from pipette_cp.cli.progress import search_progress
 from pipette_cp.cli.robust import QuantileOption, SnapshotsOption, solve_robust
 from pipette_cp.errors import SpecError
-from pipette_cp.io.cluster_file import cluster_to_mapping
-from pipette_cp.io.files import write_yaml
 from pipette_cp.io.instance_file import DEFAULT_INSTANCE
 from pipette_cp.report.plans import plans_json, plans_table
+from pipette_cp.search.loop import default_time_limit_s
+from pipette_cp.search.snapshots import check_quantile
 from pipette_cp.solvers import METHODS
-from pipette_cp.specs import Instance, SearchSpace, validate_spec
+from pipette_cp.specs import Instance, Plan, SearchSpace, validate_spec
 
 
 def _ints(option: str, text: str | None) -> tuple[int, ...] | None:
@@ -83,15 +93,23 @@ def solve(
     ] = None,
     replace: Replacements = NO_REPLACEMENTS,  # --model, --cluster, ... (instance_options)
     snapshots: SnapshotsOption = None,
-    quantile: QuantileOption = 1.0,
+    quantile: QuantileOption = None,
 ) -> None:
     """Find the fastest layouts that fit: degrees, knobs, layer split and GPU placement."""
+    check_run_options(top, time_limit, seed)
     if method not in METHODS:
         raise SpecError("--method", method, f"unknown method; known: {', '.join(sorted(METHODS))}")
+    if quantile is not None and not snapshots:
+        raise SpecError("--quantile", quantile, "applies to --snapshots only; give them too")
+    if quantile is not None:
+        check_quantile(quantile, "--quantile")
+    check_output(out)  # before any work: a bad path must not cost the whole search
     inst = resolve_instance(instance, replace)
     cluster, profile = replace.cluster, replace.profile
-    if replace.any():  # the instance file no longer describes it
-        instance = str(_write_instance(inst, out, cluster, profile)) if out else inst.name
+    if replace.any() and out is not None:  # the instance file no longer describes it
+        instance = instance_path(out).name  # written next to the plan, after the search
+    elif replace.any():
+        instance = inst.name
     space = _override(
         inst.search_space,
         tp=_ints("--tp", tp), pp=_ints("--pp", pp), dp=_ints("--dp", dp),
@@ -99,51 +117,49 @@ def solve(
         dp_sharding=None if dp_sharding is None else tuple(dp_sharding.split(",")),
         dp_shard_size=_ints("--dp-shard-size", dp_shard_size),
     )  # fmt: skip
+    limit = time_limit if time_limit is not None else default_time_limit_s(inst)
+    budget = search_budget(limit, STARTED_AT)
     if snapshots:  # plans robust over bandwidth snapshots (pipette_cp/cli/robust.py)
         return solve_robust(
-            inst, snapshots, quantile, method=method, top=top, time_limit=time_limit, seed=seed,
-            space=space, as_json=as_json, out=out, cluster=cluster, profile=profile,
-            write_instance=_write_instance,
+            inst, snapshots, 1.0 if quantile is None else quantile, method=method, top=top,
+            time_limit=budget, seed=seed, space=space, as_json=as_json, out=out,
+            cluster=cluster, profile=profile,
         )  # fmt: skip
     with search_progress(disable=as_json) as progress:
         result = solve_with_stats(
             inst,
             method=method,
             top_k=top,
-            time_limit_s=time_limit,
+            time_limit_s=budget,
             seed=seed,
             space=space,
             progress=progress,
         )
     plans = [p.model_copy(update={"instance": instance}) for p in result.plans]
     if out is not None:
-        out.write_text(plans[0].model_dump_json(indent=1) + "\n", encoding="utf-8")
+        write_plan(plans[0], out, inst if replace.any() else None, cluster, profile)
     if as_json:
         typer.echo(json.dumps(plans_json(plans), indent=1))
         return
     s = result.stats
+    console.print(assumptions(inst, replace), highlight=False)
     console.print(plans_table(plans, f"Top plans for {inst.name} ({method})"))
+    best = plans[0]
+    steps = inst.training.global_batch_size // (best.dp * best.micro_batch_size)
     console.print(
         f"{s.layouts} layouts: {s.invalid} invalid, {s.pruned_memory} never fit, {s.scored} scored, "
         f"{s.pruned_bound} pruned by the time bound, {s.solved} solved, {s.skipped_budget} over budget; "
-        f"{s.wall_time_s:.1f} s" + (f"; best plan written to {out}" if out else ""),
+        f"{s.wall_time_s:.1f} s; the best runs {steps} micro-batches per step"
+        + (f"; best plan written to {out}" if out else ""),
         highlight=False,
     )
 
 
-def _write_instance(inst: Instance, out: Path, cluster: Path | None, profile: Path | None) -> Path:
-    """Write the instance a custom solve used next to its plan, so that ``export`` and
-    ``plot`` find it again (the plan's ``instance`` field points at it)."""
-    path = out.with_name(out.stem + ".instance.yaml")
-    data = {
-        "name": inst.name,
-        "model": inst.model.model_dump(mode="json"),
-        "cluster": {"file": str(cluster.resolve())} if cluster else None,
-        "training": inst.training.model_dump(mode="json"),
-        "search_space": inst.search_space.model_dump(mode="json"),
-        "profile": str(profile.resolve()) if profile else None,
-    }
-    if cluster is None:
-        data["cluster"] = cluster_to_mapping(inst.cluster, decimals=None)
-    write_yaml(path, {k: v for k, v in data.items() if v is not None})
-    return path.resolve()
+def write_plan(
+    plan: Plan, out: Path, inst: Instance | None, cluster: Path | None, profile: Path | None
+) -> None:
+    """The plan at ``out`` and, when given, its instance next to it (first), atomically."""
+    if inst is not None:
+        at = instance_path(out)
+        write_atomically(at, instance_text(inst, at, cluster, profile))
+    write_atomically(out, plan.model_dump_json(indent=1) + "\n")

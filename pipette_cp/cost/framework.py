@@ -15,6 +15,7 @@ outliers do not move it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -128,6 +129,7 @@ _FIELDS = ("compute_efficiency", "weight_bytes", "gradient_bytes", "master_weigh
 _OPTIONAL = ("attention_efficiency", "keeps_compute_weights", "memory_margin", "runtime_bytes")
 
 
+@functools.lru_cache(maxsize=64)
 def resolve_framework(profile: FrameworkProfile) -> Framework:
     """The named framework with the profile's non-None fields applied.
 

@@ -39,15 +39,17 @@ from pipette_cp.cost.kernels import (
     unfused_norm_extra_bytes,
     uses_fused_attention,
 )
+from pipette_cp.cost.parameters import (
+    layer_params_per_gpu,
+    padded_vocab_size,
+    stage_params_per_gpu,
+    state_bytes_per_param,
+)
 from pipette_cp.specs.gpu import GpuSpec
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.training import GRADIENT_SHARDING, TrainingSpec
 from pipette_cp.units import GiB
-
-#: Megatron pads the vocabulary to a multiple of this times tp
-#: (``--make-vocab-size-divisible-by``, default 128).
-VOCAB_DIVISOR = 128
 
 #: Headroom kept free on every GPU by default (2% of its memory, at least 1 GiB): the
 #: caching allocator needs room for the largest transient block (assumption, not fitted).
@@ -96,76 +98,6 @@ class MemoryBreakdown:
         parts = asdict(self)
         del parts["margin"]
         return parts
-
-
-# --------------------------------------------------------------------- parameters
-def padded_vocab_size(model: ModelSpec, tp: int) -> int:
-    """Vocabulary padded as Megatron does (multiple of 128 x tp).
-
-    >>> from pipette_cp.specs.model import ModelSpec
-    >>> m = ModelSpec(name="x", num_layers=2, hidden_size=64, num_attention_heads=4,
-    ...               ffn_hidden_size=256, vocab_size=50257, max_seq_length=128)
-    >>> padded_vocab_size(m, 8)
-    51200
-    """
-    # Megatron-LM megatron/training/tokenizer: _vocab_size_with_padding
-    multiple = VOCAB_DIVISOR * tp
-    return math.ceil(model.vocab_size / multiple) * multiple
-
-
-def layer_params_per_gpu(model: ModelSpec, tp: int) -> float:
-    """Parameters of one transformer layer held by one tensor-parallel rank.
-
-    Norms and the biases of the row-parallel layers are replicated on every rank,
-    the rest is split (Megatron ColumnParallelLinear / RowParallelLinear).
-    """
-    replicated = 2 * model.norm_params + (2 * model.hidden_size if model.linear_bias else 0)
-    return (model.params_per_layer - replicated) / tp + replicated
-
-
-def stage_params_per_gpu(model: ModelSpec, plan: Plan, stage: int) -> float:
-    """Parameters held by one GPU of ``stage`` (all its chunks).
-
-    The word embedding (vocab-parallel) sits on stage 0, learned positions
-    replicated over tp; the last stage holds the final norm and the LM head,
-    which is a separate copy of the embedding when tied and pp > 1 (Megatron
-    keeps both copies and all-reduces their gradients).
-    """
-    h = model.hidden_size
-    vocab = padded_vocab_size(model, plan.tp)
-    params = plan.stage_layers(stage) * layer_params_per_gpu(model, plan.tp)
-    if stage == 0:
-        positions = model.max_seq_length if model.position_embedding == "learned" else 0
-        params += vocab * h / plan.tp + positions * h
-    if stage == plan.pp - 1:
-        params += model.norm_params
-        if not model.tied_embeddings or plan.pp > 1:
-            params += vocab * h / plan.tp
-    return params
-
-
-def state_bytes_per_param(training: TrainingSpec, plan: Plan) -> tuple[float, float, float]:
-    """(weight, gradient, optimizer-state) bytes per parameter on one GPU.
-
-    Megatron mixed precision: 2 + 4 + 12 = 18 B (Adam) or 2 + 4 + 8 (SGD with
-    momentum), or the framework's own (:mod:`pipette_cp.cost.framework`); the
-    distributed optimizer divides the optimizer part by dp (by the shard group under
-    HSDP), ZeRO-2 the gradients too, ZeRO-3 the weights too (``plan.sharding``)
-    (megatron/training/theoretical_memory_usage.py: 18, or 6 + 12/dp).
-    """
-    fw = resolve_framework(training.framework)
-    moments = fw.optimizer_state_bytes * (1.0 if training.optimizer == "adam" else 0.5)
-    optimizer = fw.master_weight_bytes + moments
-    weights, grads = fw.weight_bytes, fw.gradient_bytes
-    sharding, group = plan.sharding, plan.shard_group  # group: dp, or the HSDP shard group
-    if sharding != "none":
-        optimizer /= group
-    if sharding in GRADIENT_SHARDING:  # ZeRO-2 (Rajbhandari et al. 2020): gradients too
-        grads /= group
-    if sharding == "optim_grads_params":  # ZeRO-3 / FSDP: the parameters too
-        # (PyTorch FSDP keeps no compute copy: the fp32 master shard is cast at gather)
-        weights = weights / group if fw.keeps_compute_weights else 0.0
-    return weights, grads, optimizer
 
 
 # -------------------------------------------------------------------- activations
@@ -365,30 +297,46 @@ def stage_memory(
         ``bound_bytes`` the upper bound with the framework's calibrated margin.
     """
     assert 0 <= stage < plan.pp, f"stage {stage} outside 0..{plan.pp - 1}"
+    return _stage(model, training, plan, stage, _shared(model, training, plan, calibration))
+
+
+def _shared(
+    model: ModelSpec, training: TrainingSpec, plan: Plan, calibration: MemoryCalibration
+) -> tuple[float, ...]:
+    """The terms every stage of ``plan`` shares (computed once per plan)."""
+    fw = resolve_framework(training.framework)
+    constant = calibration.runtime_bytes if fw.runtime_bytes is None else fw.runtime_bytes
+    return (
+        *state_bytes_per_param(training, plan), num_microbatches(training, plan),
+        activation_bytes_per_layer(model, training, plan),
+        _embedding_activation_bytes(model, training, plan),
+        _last_stage_head_bytes(model, training, plan), logits_bytes(model, training, plan),
+        _temporary_bytes(model, training, plan), constant, calibration.allocator_fraction,
+        fw.memory_margin,
+    )  # fmt: skip
+
+
+def _stage(
+    model: ModelSpec, training: TrainingSpec, plan: Plan, stage: int, shared: tuple[float, ...]
+) -> MemoryBreakdown:
+    w_b, g_b, o_b, m, per_layer, embedding, head, last_logits, temporary, constant, fraction, margin_fraction = shared  # fmt: skip
     params = stage_params_per_gpu(model, plan, stage)
-    w_b, g_b, o_b = state_bytes_per_param(training, plan)
-    m = num_microbatches(training, plan)
-    units = in_flight_microbatches(plan, stage, m) * plan.vpp
+    units = in_flight_microbatches(plan, stage, int(m)) * plan.vpp
     # Interleaving: each in-flight unit is one chunk's micro-batch; with an uneven
     # split, count the stage's largest chunk for every unit (err high).
     chunk_layers = max(plan.layer_split[c * plan.pp + stage] for c in range(plan.vpp))
-    per_layer = activation_bytes_per_layer(model, training, plan)
     activations = units * chunk_layers * per_layer
     if stage == 0:
-        in_flight = math.ceil(units / plan.vpp)
-        activations += in_flight * _embedding_activation_bytes(model, training, plan)
+        activations += math.ceil(units / plan.vpp) * embedding
     logits = 0.0
     if stage == plan.pp - 1:
-        activations += _last_stage_head_bytes(model, training, plan)
-        logits = logits_bytes(model, training, plan)
-    temporary = _temporary_bytes(model, training, plan)
+        activations += head
+        logits = last_logits
     # Runtime: CUDA context + NCCL + workspaces (constant) and the caching allocator's
     # reserve, a fraction of the memory churned every micro-batch (fitted on BLOOM).
     dynamic = activations + logits + temporary
-    fw = resolve_framework(training.framework)
-    constant = calibration.runtime_bytes if fw.runtime_bytes is None else fw.runtime_bytes
-    runtime = constant + calibration.allocator_fraction * dynamic
-    margin = fw.memory_margin * dynamic  # dynamic_bytes
+    runtime = constant + fraction * dynamic
+    margin = margin_fraction * dynamic  # dynamic_bytes
     return MemoryBreakdown(
         weights=params * w_b,
         gradients=params * g_b,
@@ -408,4 +356,5 @@ def memory_by_stage(
     calibration: MemoryCalibration = MEMORY_CALIBRATION,
 ) -> tuple[MemoryBreakdown, ...]:
     """:func:`stage_memory` of every pipeline stage, stage 0 first."""
-    return tuple(stage_memory(model, training, plan, s, calibration) for s in range(plan.pp))
+    shared = _shared(model, training, plan, calibration)
+    return tuple(_stage(model, training, plan, s, shared) for s in range(plan.pp))

@@ -192,6 +192,8 @@ def profile_layer(
     profile = LayerProfile(
         description=describe(request),
         gpu=device_name(request.device),
+        model=request.model.name,
+        device=request.device,
         seq_length=request.seq_length,
         includes_tp_comm=False,
         entries=tuple(entries),

@@ -30,7 +30,7 @@ from pipette_cp.errors import InfeasibleError, LayoutError, PipetteError
 from pipette_cp.search.bounds import memory_check, time_lower_bound
 from pipette_cp.search.capacity import capacity_error, knob_hints
 from pipette_cp.search.rerank import plan_time, rerank
-from pipette_cp.search.space import enumerate_layouts
+from pipette_cp.search.space import check_degrees, enumerate_layouts
 from pipette_cp.search.sweep import SWEPT_METHODS, Candidate, sweep
 from pipette_cp.solvers import SolveOptions, get_method
 from pipette_cp.solvers.extensions import ConstraintFamily, family_violations
@@ -50,6 +50,8 @@ MIN_SCORED = 32
 SWEEP_SHARE = 0.2
 #: Skeletons the greedy fallback tries when no solve succeeded and no default fits.
 FALLBACK_TRIES = 8
+#: Share of the budget after which bounding the layouts stops (the rest are not tried).
+BOUND_SHARE = 0.3
 
 
 def default_time_limit_s(instance: Instance) -> float:
@@ -111,6 +113,7 @@ def search(
     """
     start = time.perf_counter()
     space = space or instance.search_space
+    check_degrees(instance, space)  # a space with no (dp, pp, tp) is bad input, not "nothing fits"
     too_big = capacity_error(instance, space)
     if too_big:  # no layout can fit: say so before enumerating them
         raise InfeasibleError(too_big)
@@ -123,8 +126,13 @@ def search(
     survivors: list[tuple[float, Plan]] = []
     layouts = list(enumerate_layouts(instance, space))
     stats.layouts = len(layouts)
+    bound_until = start + BOUND_SHARE * time_limit_s
     for i, plan in enumerate(layouts):
         notify("bounds", i + 1, len(layouts))
+        if i and time.perf_counter() > bound_until:  # keep the budget for the solves
+            stats.skipped_budget += len(layouts) - i
+            stats.notes.append(f"bounding stopped by the budget after {i} of {len(layouts)} layouts")
+            break
         try:
             validate_layout(instance, plan)
         except LayoutError:
@@ -165,8 +173,9 @@ def search(
         max_solves,
         min((plan_time(p) for p in pool), default=math.inf),
     )
+    end = start + time_limit_s
     if not plans:  # every solve failed or ran out of time: the scored skeletons remain
-        plans = _fallback(evaluator, candidates, options, method, top_k)
+        plans = _fallback(evaluator, candidates, options, method, top_k, end)
         stats.notes.append(f"{method} returned no plan in time: Megatron's defaults returned")
     if not plans and stats.solved == 0 and stats.skipped_budget:
         raise InfeasibleError(
@@ -183,7 +192,7 @@ def search(
             + ", ".join(knob_hints(space))
             + ", or try another --method or a longer --time-limit"
         )
-    ranked = rerank(evaluator, plans, top_k, notify)
+    ranked = rerank(evaluator, plans, top_k, notify, until=end)
     stats.wall_time_s = time.perf_counter() - start
     return SearchResult(ranked, stats)
 
@@ -303,10 +312,12 @@ def _fallback(
     options: SolveOptions,
     method: str,
     top_k: int,
+    until: float = math.inf,
 ) -> list[Plan]:
     """A plan whenever a heuristic finds one: the best scored skeletons (even split,
     Megatron's placement) that fit, pass the checker and the user families; if none
-    does, the greedy method on the most promising skeletons.  Marked ``heuristic``."""
+    does, the greedy method on the most promising skeletons (each at most 1 s, within
+    ``until`` but at least one try).  Marked ``heuristic``."""
     instance = evaluator.instance
     found: list[Plan] = []
     for cand in candidates:
@@ -317,9 +328,13 @@ def _fallback(
                 _as_fallback(evaluator, cand.plan, f"{method} (fallback: megatron-default)")
             )
     greedy = get_method("greedy")
-    for cand in candidates[:FALLBACK_TRIES] if not found else []:
+    for k, cand in enumerate(candidates[:FALLBACK_TRIES] if not found else []):
+        left = until - time.perf_counter()
+        if k and left <= 0:
+            break
         with contextlib.suppress(PipetteError):
-            plan = greedy(instance, cand.plan, replace(options, time_limit_s=1.0))
+            limit = min(1.0, max(left, 0.2))
+            plan = greedy(instance, cand.plan, replace(options, time_limit_s=limit))
             if _usable(instance, plan, options):
                 found.append(_as_fallback(evaluator, plan, f"{method} (fallback: greedy)"))
                 break

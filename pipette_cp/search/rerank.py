@@ -3,6 +3,8 @@ model (:func:`rerank`), each by the fastest of a few variants of its plans."""
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 
 from pipette_cp.checker import check_plan
@@ -32,6 +34,7 @@ def rerank(
     plans: list[Plan],
     top_k: int,
     notify: Callable[[str, int, int], None],
+    until: float = math.inf,
 ) -> list[Plan]:
     """The ``top_k`` best by the simulator among the best ``max(top_k, RERANKED)``
     layouts by the analytic model, each represented by the plan the simulator finds
@@ -48,7 +51,9 @@ def rerank(
     ranked = []
     for i, group in enumerate(layouts):
         notify("rerank", i + 1, len(layouts))
-        ranked.append(_simulated_best(evaluator, group))
+        # past ``until`` (the search's budget) the rest keep their analytic best
+        late = i > 0 and time.perf_counter() >= until
+        ranked.append(group[0] if late else _simulated_best(evaluator, group))
     return sorted(ranked, key=plan_time)[: max(top_k, 1)]
 
 

@@ -72,6 +72,35 @@ def degrees(instance: Instance, space: SearchSpace | None = None) -> list[Degree
     return found
 
 
+def check_degrees(instance: Instance, space: SearchSpace) -> None:
+    """Raise :class:`SpecError` naming the knob when the space leaves no (dp, pp, tp)."""
+    if degrees(instance, space):
+        return
+    model, g = instance.model, instance.cluster.gpus_per_node
+    heads, kv = model.num_attention_heads, model.kv_heads
+
+    def why(t: int) -> str:
+        if t > g:
+            return f"{t} exceeds the {g} GPUs of a node"
+        if g % t:
+            return f"{t} does not divide the {g} GPUs of a node"
+        return f"{t} does not divide the {heads} attention heads and {kv} KV heads"
+
+    tps = [t for t in divisors(g) if heads % t == 0 and kv % t == 0]
+    if space.tp is not None and not set(space.tp) & set(tps):
+        raise SpecError("search_space.tp", space.tp,
+                        "no tensor-parallel size can run: " + "; ".join(why(t) for t in space.tp)
+                        + f" (possible: {', '.join(map(str, tps))})")  # fmt: skip
+    if space.pp is not None and min(space.pp) > model.num_layers:
+        raise SpecError("search_space.pp", space.pp,
+                        f"every pipeline size exceeds the model's {model.num_layers} layers")  # fmt: skip
+    totals = ", ".join(map(str, gpu_counts(instance)))
+    raise SpecError(
+        "search_space", {k: getattr(space, k) for k in ("dp", "pp", "tp") if getattr(space, k)},
+        f"no dp x pp x tp of the allowed sizes uses {totals} GPUs",
+    )  # fmt: skip
+
+
 def enumerate_layouts(instance: Instance, space: SearchSpace | None = None) -> Iterator[Plan]:
     """Every skeleton plan the search space allows and Megatron can run.
 

@@ -49,6 +49,30 @@ class Instance(FrozenSpec):
     )
 
     @model_validator(mode="after")
+    def _profile_matches(self) -> Instance:
+        """A measured profile belongs to its model and its kind of device."""
+        prof = self.profile
+        if prof is None:
+            return self
+        if prof.model and prof.model != self.model.name:
+            raise ValueError(
+                f"profile.model={prof.model!r}: measured on another model than {self.model.name!r}"
+            )
+        if prof.device == "cpu" or prof.gpu.lower() == "cpu":
+            raise ValueError(
+                "profile.device='cpu': a CPU measurement does not stand for GPU times "
+                "(profile on the cluster's GPUs with --device cuda)"
+            )
+        measured = _family(prof.gpu)
+        ours = {_family(g.name) for g in self.cluster.gpu_types.values()}
+        if measured and ours and measured not in ours:
+            raise ValueError(
+                f"profile.gpu={prof.gpu!r}: measured on {measured}, the cluster has "
+                f"{', '.join(sorted(ours))}"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _headroom_leaves_memory(self) -> Instance:
         headroom = self.training.memory_headroom_bytes
         smallest = min(self.cluster.gpu_types.values(), key=lambda g: g.memory_bytes)
@@ -58,3 +82,14 @@ class Instance(FrozenSpec):
                 f"{smallest.name} ({smallest.memory_bytes / 1e9:.1f} GB)"
             )
         return self
+
+
+#: GPU families a device name may carry (longest first: 'H200' before 'H100'...).
+_FAMILIES = ("GB200", "B200", "H200", "H100", "H800", "A100", "A800", "V100", "MI300X", "L40S")
+
+
+def _family(name: str) -> str:
+    """The GPU family in a device or GPU name ('NVIDIA H100 80GB HBM3' -> 'H100'), '' if none."""
+    upper = name.upper()
+    return next((f for f in _FAMILIES if f in upper), "")
+

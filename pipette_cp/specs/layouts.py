@@ -8,6 +8,8 @@ r-th GPU of the hostfile order.  That is the ``megatron-default`` placement.
 
 from __future__ import annotations
 
+import functools
+
 from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.training import FUSED_ATTENTION, AttentionKernel, Recompute, Sharding
 
@@ -33,8 +35,10 @@ def even_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, ...]:
     return tuple(split)
 
 
+@functools.lru_cache(maxsize=256)
 def megatron_placement(dp: int, pp: int, tp: int) -> tuple[tuple[int, ...], ...]:
-    """Units (stage * dp + replica) -> GPUs under Megatron's tp-dp-pp rank order.
+    """Units (stage * dp + replica) -> GPUs under Megatron's tp-dp-pp rank order
+    (cached: the search builds one per layout, and layouts share their degrees).
 
     >>> megatron_placement(dp=2, pp=2, tp=2)
     ((0, 1), (2, 3), (4, 5), (6, 7))

@@ -28,6 +28,8 @@ then adds its own analytic TP communication to the measured compute.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from pipette_cp.errors import SpecError
@@ -68,7 +70,21 @@ class LayerProfile(FrozenSpec):
     """A set of measured per-layer times, keyed by (tp, micro-batch[, recompute, flash])."""
 
     description: str = Field(default="", description="What was measured, where, how.")
-    gpu: str = Field(default="", description="GPU type measured on (informative).")
+    gpu: str = Field(
+        default="",
+        description="Device measured on (torch.cuda.get_device_name(), or 'cpu'); an instance "
+        "whose GPU family differs refuses the profile.",
+    )
+    model: str = Field(
+        default="",
+        description="Name of the model measured (ModelSpec.name); an instance with another "
+        "model refuses the profile.  Empty: not recorded (not checked).",
+    )
+    device: Literal["", "cuda", "cpu"] = Field(
+        default="",
+        description="'cuda' or 'cpu' (a CPU profile does not stand for GPU times: refused on a "
+        "GPU cluster); empty: not recorded.",
+    )
     seq_length: int | None = Field(
         default=None, gt=0, description="Sequence length measured with; None = not checked."
     )

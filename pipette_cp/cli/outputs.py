@@ -1,0 +1,104 @@
+"""What ``solve`` writes, and how: checked before the work, written only after it.
+
+``solve -o plan.json`` checks the output path before the search starts (its folder
+exists and takes files), writes nothing until a plan exists, and then writes the
+instance it solved (``plan.instance.yaml``, when the command line replaced a part
+of the bundled instance) and the plan atomically: each to a temporary file in the
+same folder, renamed into place (``os.replace``), the instance first, so a plan
+on disk always has its instance next to it.  References to the user's files are
+relative to the folder of the file that holds them, so the pair can be moved.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from pipette_cp.errors import SpecError
+from pipette_cp.io.cluster_file import cluster_to_mapping
+from pipette_cp.specs import Instance
+
+#: Seconds kept at the end of ``--time-limit`` for printing and writing the result.
+OUTPUT_RESERVE_S = 0.3
+#: Largest ``--seed``: the solvers take a 32-bit signed seed.
+MAX_SEED = 2**31 - 1
+#: Largest ``--time-limit``, s (a week: anything longer is a typo).
+MAX_TIME_LIMIT_S = 7 * 24 * 3600.0
+
+
+def check_output(out: Path | None) -> None:
+    """Refuse an output path that cannot be written, before any work is done."""
+    if out is None:
+        return
+    folder = out.parent if str(out.parent) else Path(".")
+    if out.is_dir():
+        raise SpecError("--out", str(out), "is a directory; give a file name, e.g. plan.json")
+    if not folder.is_dir():
+        raise SpecError("--out", str(out), f"its folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise SpecError("--out", str(out), f"its folder {folder} is not writable")
+
+
+def check_run_options(top: int, time_limit: float | None, seed: int) -> None:
+    """``--top``, ``--time-limit`` and ``--seed``: one line naming the bad one."""
+    if top < 1:
+        raise SpecError("--top", top, "must be at least 1")
+    if time_limit is not None and not (0 < time_limit <= MAX_TIME_LIMIT_S):
+        raise SpecError(
+            "--time-limit", time_limit, f"must be a number of seconds in (0, {MAX_TIME_LIMIT_S:g}]"
+        )
+    if not 0 <= seed <= MAX_SEED:
+        raise SpecError("--seed", seed, f"must be in 0..{MAX_SEED}")
+
+
+def search_budget(time_limit: float, started_at: float) -> float:
+    """What is left of the command's ``time_limit`` for the search: the limit less the
+    time already spent (imports, loading) and :data:`OUTPUT_RESERVE_S`, at least 10 %
+    of it."""
+    spent = time.perf_counter() - started_at
+    left = time_limit - spent - OUTPUT_RESERVE_S
+    return max(left, 0.1 * time_limit) if math.isfinite(left) else time_limit
+
+
+def instance_path(out: Path) -> Path:
+    """Where the instance of a plan written to ``out`` goes."""
+    return out.with_name(out.stem + ".instance.yaml")
+
+
+def instance_text(inst: Instance, at: Path, cluster: Path | None, profile: Path | None) -> str:
+    """The instance file for ``inst`` written at ``at``: its parts inline, or the user's
+    cluster and profile files referred to relative to ``at``'s folder."""
+    base = at.parent.resolve()
+
+    def relative(path: Path) -> str:
+        return os.path.relpath(path.resolve(), base)
+
+    data = {
+        "name": inst.name,
+        "model": inst.model.model_dump(mode="json"),
+        "cluster": {"file": relative(cluster)} if cluster else None,
+        "training": inst.training.model_dump(mode="json"),
+        "search_space": inst.search_space.model_dump(mode="json"),
+        "profile": relative(profile) if profile else None,
+    }
+    if cluster is None:
+        data["cluster"] = cluster_to_mapping(inst.cluster, decimals=None)
+    document = {k: v for k, v in data.items() if v is not None}
+    return yaml.safe_dump(document, sort_keys=False, width=120)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file renamed into place."""
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
