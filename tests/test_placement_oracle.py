@@ -163,3 +163,35 @@ def test_masters_see_the_zero_collectives(backend, seed, sharding) -> None:
     res = kelley(data, placement.BACKENDS[backend], domains=doms, start=None, pool=pool, deadline=deadline)  # fmt: skip
     assert res.status == "optimal"
     assert res.value_s == pytest.approx(best, rel=1e-6)
+
+
+def _ring_bound_by_full_sort(cost: np.ndarray, capacity: np.ndarray, size: int) -> float:
+    """The reference: every pair sorted, Kruskal until a group holds ``size`` units."""
+    n = len(capacity)
+    best = float(np.where(capacity >= size, np.diagonal(cost), np.inf).min(initial=np.inf))
+    pairs = sorted((min(cost[a, b], cost[b, a]), a, b) for a in range(n) for b in range(a + 1, n))
+    group, held = list(range(n)), [int(c) for c in capacity]
+    for v, a, b in pairs:
+        if not np.isfinite(v) or v >= best:
+            break
+        ga, gb = group[a], group[b]
+        if ga != gb:
+            group = [ga if g == gb else g for g in group]
+            held[ga] += held[gb]
+            if held[ga] >= size:
+                return float(v)
+    return best if np.isfinite(best) else 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 40), st.integers(0, 2**16), st.integers(1, 12), st.booleans())
+def test_ring_bound_is_the_full_sorts(n, seed, size, ties) -> None:
+    """The banded Kruskal of ring_bound gives what sorting every pair gives (ties and
+    failed pairs included)."""
+    from pipette_cp.solvers.placement.kelley import ring_bound
+
+    rng = np.random.default_rng(seed)
+    cost = rng.integers(1, 4, (n, n)).astype(float) if ties else rng.random((n, n))
+    cost[rng.random((n, n)) < 0.2] = np.inf
+    capacity = rng.integers(1, 3, n)
+    assert ring_bound(cost, capacity, size) == _ring_bound_by_full_sort(cost, capacity, size)

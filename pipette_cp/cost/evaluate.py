@@ -48,6 +48,7 @@ from pipette_cp.cost.pipeline import PipelineInputs, finish_iteration, pipeline_
 from pipette_cp.cost.simulator import Timeline, simulate_pipeline
 from pipette_cp.cost.simulator import simulate as simulate_inputs
 from pipette_cp.errors import InfeasibleError
+from pipette_cp.specs.cluster import ClusterSpec
 from pipette_cp.specs.instance import Instance
 from pipette_cp.specs.plan import Evaluation, Plan
 from pipette_cp.specs.profile import LayerProfile
@@ -89,6 +90,23 @@ class _Stages(NamedTuple):
     layer_collectives_s: tuple[float, float] = (0.0, 0.0)
 
 
+#: The fabrics of the last few clusters evaluated (a search builds many evaluators of one
+#: cluster; the arrays are read-only), keyed by identity, holding the cluster itself so
+#: that its id cannot be reused while cached.
+_FABRICS: dict[int, tuple[ClusterSpec, comm.Fabric]] = {}
+
+
+def _fabric_of(cluster: ClusterSpec) -> comm.Fabric:
+    found = _FABRICS.get(id(cluster))
+    if found is not None and found[0] is cluster:
+        return found[1]
+    fabric = comm.Fabric.from_cluster(cluster)
+    if len(_FABRICS) >= 4:
+        _FABRICS.pop(next(iter(_FABRICS)))
+    _FABRICS[id(cluster)] = (cluster, fabric)
+    return fabric
+
+
 class Evaluator:
     """Evaluate many plans of one instance fast.
 
@@ -108,7 +126,7 @@ class Evaluator:
         self.instance, self.validate = instance, validate
         self.profile = profile if profile is not None else instance.profile
         self.dp_algorithm: comm.Algorithm = dp_algorithm
-        self.fabric = comm.Fabric.from_cluster(cluster)
+        self.fabric = _fabric_of(cluster)
         node_gpu = [cluster.gpu_of_node(i) for i in range(cluster.num_nodes)]
         self._gpu_of_gpu = [node_gpu[i // cluster.gpus_per_node] for i in range(cluster.num_gpus)]
         self._peak = np.array([gpu.peak_flops_per_s for gpu in self._gpu_of_gpu])

@@ -26,7 +26,7 @@ import numpy as np
 
 from pipette_cp.checker import check_plan
 from pipette_cp.cost.evaluate import Evaluator, validate_layout
-from pipette_cp.errors import InfeasibleError, LayoutError, PipetteError
+from pipette_cp.errors import InfeasibleError, LayoutError, PipetteError, SolverTimeoutError
 from pipette_cp.search.bounds import memory_check, time_lower_bound
 from pipette_cp.search.capacity import capacity_error, knob_hints
 from pipette_cp.search.rerank import plan_time, rerank
@@ -52,6 +52,9 @@ SWEEP_SHARE = 0.2
 FALLBACK_TRIES = 8
 #: Share of the budget after which bounding the layouts stops (the rest are not tried).
 BOUND_SHARE = 0.3
+#: Least time a solve is started with, per GPU of the cluster (its fixed costs: 4,096
+#: GPUs took about 3 s before the first master solve), s.
+MIN_SOLVE_S_PER_GPU = 1e-3
 
 
 def default_time_limit_s(instance: Instance) -> float:
@@ -124,14 +127,18 @@ def search(
     stats = SearchStats()
     evaluator = Evaluator(instance, validate=False)
     survivors: list[tuple[float, Plan]] = []
-    layouts = list(enumerate_layouts(instance, space))
+    # most model parallelism first: when the budget stops the bounding early, the
+    # layouts most likely to fit a large model have been bounded
+    layouts = sorted(enumerate_layouts(instance, space), key=lambda p: -p.tp * p.pp)
     stats.layouts = len(layouts)
     bound_until = start + BOUND_SHARE * time_limit_s
     for i, plan in enumerate(layouts):
         notify("bounds", i + 1, len(layouts))
         if i and time.perf_counter() > bound_until:  # keep the budget for the solves
             stats.skipped_budget += len(layouts) - i
-            stats.notes.append(f"bounding stopped by the budget after {i} of {len(layouts)} layouts")
+            stats.notes.append(
+                f"bounding stopped by the budget after {i} of {len(layouts)} layouts"
+            )
             break
         try:
             validate_layout(instance, plan)
@@ -148,6 +155,12 @@ def search(
                 )
             continue
         survivors.append((time_lower_bound(instance, plan), plan))
+    if not survivors and stats.skipped_budget:
+        raise SolverTimeoutError(
+            f"the time limit of {time_limit_s:g} s ran out while bounding the layouts: none of "
+            f"the {len(layouts) - stats.skipped_budget} bounded of {len(layouts)} fits; give a "
+            f"longer --time-limit"
+        )
     if not survivors:
         raise InfeasibleError(_nothing_fits(instance, space, stats))
     survivors.sort(key=lambda item: item[0])
@@ -277,7 +290,10 @@ def _solve_all(
             stats.pruned_bound += 1
             continue
         left = budget_s - (time.perf_counter() - start)
-        if left <= 0 or (max_solves is not None and stats.solved >= max_solves):
+        # a solve has fixed costs (its models' tables) that grow with the cluster: with
+        # less time than those left, the plans in hand (or the fallback) are the answer
+        too_short = left < MIN_SOLVE_S_PER_GPU * instance.cluster.num_gpus
+        if left <= 0 or too_short or (max_solves is not None and stats.solved >= max_solves):
             stats.skipped_budget += 1
             continue
         share = max(left / max(1, min(len(candidates) - i, 8)), 0.5)

@@ -95,7 +95,7 @@ def ring_bound(cost: np.ndarray, capacity: np.ndarray, size: int) -> float:
     i, j = np.triu_indices(n, k=1)
     values = both[i, j]
     keep = np.isfinite(values) & (values < best)
-    order = np.argsort(values[keep], kind="stable")
+    i, j, values = i[keep], j[keep], values[keep]
     parent, held = np.arange(n), capacity.astype(np.int64).copy()
 
     def root(k: int) -> int:
@@ -104,13 +104,27 @@ def ring_bound(cost: np.ndarray, capacity: np.ndarray, size: int) -> float:
             k = parent[k]
         return k
 
-    for a, b, v in zip(i[keep][order], j[keep][order], values[keep][order], strict=True):
-        ra, rb = root(int(a)), root(int(b))
-        if ra != rb:
-            parent[rb] = ra
-            held[ra] += held[rb]
-            if held[ra] >= size:
-                return float(v)
+    # the cheapest pairs first, in bands of values (a ring usually closes long before
+    # every pair is sorted); a band takes every pair up to its top value, ties included,
+    # so no pair is skipped and the answer (the least value whose pairs connect enough
+    # capacity) is the full sort's
+    low, count = -np.inf, 4 * n
+    while True:
+        rest = values > low
+        if not rest.any():
+            break
+        pending = values[rest]
+        top = np.partition(pending, count - 1)[count - 1] if count < len(pending) else np.inf
+        chunk = np.flatnonzero(rest & (values <= top))
+        chunk = chunk[np.argsort(values[chunk], kind="stable")]
+        low, count = top, 4 * count
+        for a, b, v in zip(i[chunk], j[chunk], values[chunk], strict=True):
+            ra, rb = root(int(a)), root(int(b))
+            if ra != rb:
+                parent[rb] = ra
+                held[ra] += held[rb]
+                if held[ra] >= size:
+                    return float(v)
     return best if np.isfinite(best) else 0.0
 
 
