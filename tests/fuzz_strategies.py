@@ -8,8 +8,10 @@ in ``conftest.py``) multiplies the example counts by :data:`LONG_FACTOR`.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import numpy as np
 from hypothesis import HealthCheck, currently_in_test_context, settings
 from hypothesis import event as hypothesis_event
 from hypothesis import note as hypothesis_note
@@ -226,3 +228,79 @@ def instances(draw: st.DrawFn) -> Instance:
         training=validate_spec(TrainingSpec, training, "training"),
         search_space=validate_spec(SearchSpace, space, "search_space"),
     )
+
+
+# ------------------------------------------------------------------ validity of what is accepted
+#: Fields (any spec) that must be > 0 wherever they appear in a dump.
+POSITIVE_FIELDS = frozenset({
+    "num_nodes", "gpus_per_node", "nics_per_node", "nic_bandwidth_bytes_per_s",
+    "global_batch_size", "seq_length", "num_layers", "hidden_size", "num_attention_heads",
+    "ffn_hidden_size", "vocab_size", "max_seq_length", "memory_bytes", "peak_flops_per_s",
+    "hbm_bandwidth_bytes_per_s", "iteration_time_s",
+})  # fmt: skip
+
+
+#: Largest cluster whose spec is round-tripped (JSON, cluster-file mapping) when accepted.
+ROUND_TRIP_MAX_GPUS = 256
+
+
+def assert_valid(spec: object) -> None:
+    """What an accepted input must satisfy, not only "it did not crash": the spec
+    round-trips (JSON dump and load give an equal spec), every number in it is finite
+    and >= 0, the sizes are > 0, and a cluster's matrix holds 0 (failed) or a
+    bandwidth in the range the cluster files can hold, and round-trips through the
+    cluster-file mapping."""
+    from pydantic import BaseModel
+
+    assert isinstance(spec, BaseModel), type(spec)
+    clusters = _clusters_in(spec)
+    if all(c.num_gpus <= ROUND_TRIP_MAX_GPUS for c in clusters):
+        again = type(spec).model_validate_json(spec.model_dump_json())
+        assert again == spec, f"{type(spec).__name__} does not round-trip through JSON"
+    exclude: Any = None  # the matrix is checked with numpy (as nested lists it is slow)
+    if isinstance(spec, ClusterSpec):
+        exclude = {"bandwidth_bytes_per_s"}
+    elif clusters:
+        exclude = {"cluster": {"bandwidth_bytes_per_s"}}
+    _check_numbers(spec.model_dump(exclude=exclude), type(spec).__name__)
+    for cluster in clusters:
+        _check_cluster(cluster)
+
+
+def _clusters_in(spec: object) -> list[ClusterSpec]:
+    if isinstance(spec, ClusterSpec):
+        return [spec]
+    if isinstance(spec, Instance):
+        return [spec.cluster]
+    return []
+
+
+def _check_numbers(data: Any, where: str) -> None:
+    stack = [(data, where)]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((v, f"{path}.{k}") for k, v in value.items())
+        elif isinstance(value, list | tuple):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(value))
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            assert math.isfinite(value), f"{path}={value} is not finite"
+            assert value >= 0, f"{path}={value} is negative"
+            if path.rsplit(".", 1)[-1] in POSITIVE_FIELDS:
+                assert value > 0, f"{path}={value} must be > 0"
+
+
+def _check_cluster(cluster: ClusterSpec) -> None:
+    from pipette_cp.io.cluster_file import cluster_from_mapping, cluster_to_mapping
+    from pipette_cp.specs.cluster import MAX_GPUS, MAX_LINK_BYTES_PER_S, MIN_LINK_BYTES_PER_S
+
+    matrix = cluster.bandwidth_bytes_per_s
+    assert 0 < cluster.num_gpus <= MAX_GPUS and matrix.shape == (cluster.num_gpus,) * 2
+    assert np.isfinite(matrix).all() and not np.diagonal(matrix).any()
+    assert np.min(matrix, where=matrix > 0, initial=np.inf) >= MIN_LINK_BYTES_PER_S
+    assert matrix.max() <= MAX_LINK_BYTES_PER_S
+    if cluster.num_gpus > ROUND_TRIP_MAX_GPUS:
+        return  # valid as checked; the round trips of a 10k-GPU matrix take minutes
+    again = cluster_from_mapping(cluster_to_mapping(cluster, decimals=None), "cluster")
+    assert again.num_nodes == cluster.num_nodes and again.node_names == cluster.node_names
+    np.testing.assert_allclose(again.bandwidth_bytes_per_s, matrix, rtol=1e-12)

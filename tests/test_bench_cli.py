@@ -11,11 +11,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
 from pipette_cp import __version__
 from pipette_cp.cli import app
+from pipette_cp.io import instance_file
 from pipette_cp.io.instance_file import instance_path, load_instance
 from pipette_cp.specs import Plan
 from pipette_cp.suite import BenchStore
@@ -29,12 +31,17 @@ def run(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-def test_bench_run_report_and_update_best_known(tmp_path: Path) -> None:
-    instance = tmp_path / "tiny.yaml"
+def test_bench_run_report_and_update_best_known(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     data = yaml.safe_load(instance_path(TINY).read_text()) | {"name": "tiny", "best_known": None}
-    instance.write_text(yaml.safe_dump(data, sort_keys=False))
+    bundled = tmp_path / "instances"  # update-best-known writes bundled instance files only
+    bundled.mkdir()
+    monkeypatch.setattr(instance_file, "INSTANCES_DIR", bundled)
+    (bundled / "tiny.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    instance = "tiny"
     db = str(tmp_path / "b.sqlite")
-    args = ("bench", str(instance), "--methods", "greedy,megatron-default", "--time-limit", "5")
+    args = ("bench", instance, "--methods", "greedy,megatron-default", "--time-limit", "5")
     code, out = run(*args, "--db", db)
     assert code == 0 and "2 jobs: 2 run, 0 already in" in out
     code, out = run(*args, "--db", db)  # `bench run` spelled out, nothing left to do
@@ -65,6 +72,85 @@ def test_bench_bad_input_is_one_line(tmp_path: Path) -> None:
         code, out = run(*args)
         assert code == 2, (args, out)
         assert expected in out and "Traceback" not in out
+
+
+def _store_with_rows(tmp_path: Path, instances: list[str]) -> Path:
+    """A store holding one solved greedy row of this version per instance name."""
+    from pipette_cp.suite.jobs import BenchRow
+
+    db = tmp_path / "b.sqlite"
+    with BenchStore(db) as store:
+        for name in instances:
+            store.write(BenchRow(
+                name, "greedy", 0, 5.0, __version__, "nominal", 8, "heuristic", 1.0,
+                "2026-01-01T00:00:00+00:00", predictor="simulator", layout="dp8-pp1-tp1-mb1",
+                iteration_time_s=1e-3, analytic_time_s=1e-3, fits=True, plan_json="{}",
+            ))  # fmt: skip
+    return db
+
+
+def test_update_best_known_writes_only_bundled_instance_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store naming a file outside the instances directory (or a cluster file, or a
+    link leading out) is refused with one line, and no file is written."""
+    data = yaml.safe_load(instance_path(TINY).read_text()) | {"best_known": None}
+    bundled = tmp_path / "instances"
+    bundled.mkdir()
+    monkeypatch.setattr(instance_file, "INSTANCES_DIR", bundled)
+    text = yaml.safe_dump(data, sort_keys=False)
+    (bundled / "mine.yaml").write_text(text)
+    outside = tmp_path / "outside.yaml"
+    outside.write_text(text)
+    (bundled / "link.yaml").symlink_to(outside)
+    (bundled / "clusters").mkdir()
+    cluster = bundled / "clusters" / "c.yaml"
+    cluster.write_text(
+        "format: pipette-cp-cluster/1\ngpu: a100\ngpus_per_node: 1\n"
+        "nominal: true\nnum_nodes: 2\ninter_node_bandwidth_gb_per_s: 10\n"
+    )
+    for foreign in (str(outside), "link", str(cluster)):
+        db = _store_with_rows(tmp_path, ["mine", foreign])
+        code, out = run("bench", "update-best-known", "--db", str(db))
+        assert code == 2 and out.startswith("error: instance=") and len(out.splitlines()) == 1
+        assert "update-best-known writes only bundled instance files" in out, out
+        assert (bundled / "mine.yaml").read_text() == text  # nothing written
+        assert outside.read_text() == text
+        db.unlink()
+    db = _store_with_rows(tmp_path, ["mine"])
+    code, out = run("bench", "update-best-known", "--db", str(db))
+    assert code == 0 and "best_known 0.001 s by greedy" in out
+    assert load_instance(bundled / "mine.yaml").best_known is not None
+
+
+def test_report_opens_the_store_read_only(tmp_path: Path) -> None:
+    """``bench report`` changes not a byte (no journal-mode switch, no table created)
+    and works on a file it may not write."""
+    db = _store_with_rows(tmp_path, [TINY])
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA journal_mode=DELETE")  # what opening for writing would undo
+    before = db.read_bytes()
+    db.chmod(0o444)
+    try:
+        code, out = run("bench", "report", "--db", str(db))
+    finally:
+        db.chmod(0o644)
+    assert code == 0 and f"| {TINY} |" in out, out
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.sqlite"]
+    empty = tmp_path / "empty.sqlite"
+    sqlite3.connect(empty).close()  # a SQLite file without the results table
+    code, out = run("bench", "report", "--db", str(empty))
+    assert code == 2 and "not a pipette-cp bench store" in out
+
+
+def test_a_fifo_or_device_as_store_is_refused(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.sqlite"
+    os.mkfifo(fifo)
+    for db, what in ((fifo, "not a regular file"), (Path("/dev/zero"), "not a regular file")):
+        for args in (("bench", "report"), ("bench", TINY, "--methods", "greedy")):
+            code, out = run(*args, "--db", str(db))
+            assert code == 2 and what in out and "Traceback" not in out, out
 
 
 # --- resume after SIGKILL -----------------------------------------------------------

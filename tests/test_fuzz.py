@@ -42,7 +42,7 @@ from test_fuzz_evaluator import assert_lower_bound, tiny_instance
 
 from pipette_cp.checker import check_plan
 from pipette_cp.cost.evaluate import Evaluator, evaluate
-from pipette_cp.errors import InfeasibleError, SolverTimeoutError
+from pipette_cp.errors import InfeasibleError, SolverTimeoutError, SpecError
 from pipette_cp.io.cluster_file import cluster_from_mapping
 from pipette_cp.search.loop import search
 from pipette_cp.solvers import SolveOptions, get_method
@@ -116,12 +116,18 @@ def assert_valid_plans(instance: Instance, plans: list[Plan]) -> None:
 
 
 def run_search(instance: Instance, method: str, seed: int, **kwargs: float) -> list[Plan] | None:
-    """The plans, or None when nothing fits (the one error a valid instance may give)."""
+    """The plans, or None when nothing fits or the search space leaves no (dp, pp, tp)
+    (the errors a valid instance may give)."""
     try:
         return search(instance, method=method, top_k=3, seed=seed, **kwargs).plans  # type: ignore[arg-type]
     except InfeasibleError as exc:
         event("infeasible")
         note(str(exc))
+        assert "\n" not in str(exc)
+        return None
+    except SpecError as exc:  # the generated space has no degrees: said, naming the knob
+        assert exc.field.startswith("search_space"), exc
+        event("empty search space")
         assert "\n" not in str(exc)
         return None
 

@@ -4,9 +4,13 @@ Valid model / cluster / training / search-space mappings and instance files
 (``tests/fuzz_strategies.py``) are mutated: wrong types, negative / zero / NaN /
 inf / huge numbers, missing and unknown fields, non-divisible heads, empty and
 non-square matrices, garbage bytes in YAML / JSON / CSV files.  Whatever comes
-in, a loader returns a spec or raises a :class:`PipetteError` whose message is one
-non-empty line naming the field (``field=value: ...``) or the file; nothing else
-escapes, and no loader hangs (a 5 s deadline per example).  Through the CLI, bad
+in, a loader returns a *valid* spec (it round-trips through JSON, holds only finite
+numbers >= 0 and positive sizes: ``fuzz_strategies.assert_valid``) or raises a
+:class:`PipetteError` whose message is one non-empty line naming the field
+(``field=value: ...``) or the file; nothing else escapes, and no loader hangs (a
+5 s deadline per example).  One property test per class of hostile input (YAML
+bombs and depth, duplicate keys, non-finite numbers, cut logs) is in
+``tests/test_input_classes.py``.  Through the CLI, bad
 input gives exit code 2, one ``error:`` line and no traceback.
 
 Run long: ``HYPOTHESIS_PROFILE=fuzz python -m pytest tests/test_fuzz_inputs.py``.
@@ -21,9 +25,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 from fuzz_strategies import (
+    assert_valid,
     cluster_file_fields,
     event,
     fuzz_settings,
@@ -33,15 +39,16 @@ from fuzz_strategies import (
 )
 from hypothesis import example, given
 from hypothesis import strategies as st
+from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from pipette_cp.cli import app
 from pipette_cp.errors import InputFileError, PipetteError, SpecError
 from pipette_cp.io.cluster_file import cluster_from_mapping, read_cluster_file
 from pipette_cp.io.instance_file import load_instance
-from pipette_cp.io.matrix_files import read_matrix_csv, read_pipette_json
+from pipette_cp.io.matrix_files import LabelledMatrix, read_matrix_csv, read_pipette_json
 from pipette_cp.io.model_file import load_model, model_from_mapping
-from pipette_cp.io.mpigraph import read_mpigraph
+from pipette_cp.io.mpigraph import MpiGraphResult, read_mpigraph
 from pipette_cp.specs import ModelSpec, SearchSpace, TrainingSpec, validate_spec
 
 #: Per-example deadline of the loaders: a bad input must never hang.
@@ -117,7 +124,8 @@ def assert_one_line(exc: PipetteError, names: tuple[str, ...] = ()) -> None:
 
 
 def loads_or_rejects(load: Callable[[], object], names: tuple[str, ...] = ()) -> object | None:
-    """The spec, or None after checking the error; any other exception fails."""
+    """The spec, checked to be valid (:func:`assert_accepted_is_valid`), or None after
+    checking the error; any other exception fails."""
     try:
         spec = load()
     except PipetteError as exc:
@@ -126,7 +134,25 @@ def loads_or_rejects(load: Callable[[], object], names: tuple[str, ...] = ()) ->
         assert_one_line(exc, names)
         return None
     event("accepted")
+    assert_accepted_is_valid(spec)
     return spec
+
+
+def assert_accepted_is_valid(result: object) -> None:
+    """Accepting bad input is a defect too: a spec must round-trip and hold only finite,
+    non-negative numbers and positive sizes (:func:`fuzz_strategies.assert_valid`); a
+    matrix read from a file only finite bandwidths >= 0."""
+    if isinstance(result, BaseModel):
+        assert_valid(result)
+    elif isinstance(result, LabelledMatrix):
+        matrix = result.bandwidth_bytes_per_s
+        assert np.isfinite(matrix).all() and (matrix >= 0).all(), matrix
+        assert result.intra_node_bytes_per_s is None or result.intra_node_bytes_per_s >= 0
+    elif isinstance(result, MpiGraphResult):
+        for matrix in (result.send_bytes_per_s, result.recv_bytes_per_s):
+            assert np.isfinite(matrix).all() and (matrix >= 0).all(), matrix
+    else:
+        raise AssertionError(f"unexpected result {type(result).__name__}")
 
 
 def _write(directory: Path, name: str, data: object, fmt: str) -> Path:

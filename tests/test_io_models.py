@@ -190,12 +190,98 @@ def test_mixtral_is_accepted_then_refused_as_moe() -> None:
         model.require_dense()
 
 
-def test_qwen2_qkv_bias_is_the_only_difference() -> None:
-    # Qwen/Qwen2-7B: 7,615,616,512 parameters including q/k/v biases that
-    # ModelSpec.linear_bias cannot express (see hf_config._llama_like).
+def test_qwen2_has_qkv_biases_only() -> None:
+    # Qwen/Qwen2-7B: 7,615,616,512 parameters, q/k/v biases included (Qwen2Attention).
     model = load_model(FIXTURES / "Qwen--Qwen2-7B.json")
-    assert not model.linear_bias
-    assert model.total_params + 28 * (3584 + 2 * 512) == 7_615_616_512
+    assert (model.linear_bias, model.qkv_bias) == (False, True)
+    assert model.total_params == 7_615_616_512
+    assert (model.rotary_base, model.norm_epsilon) == (1_000_000, 1e-6)
+
+
+# -------------------------------------------- what Megatron needs to rebuild the model
+@pytest.mark.parametrize(
+    ("fixture", "expected"),
+    [
+        ("meta-llama--Llama-2-7b-hf.json", (10_000, None, 1e-5, 0.0, 0.0, 1.0)),
+        ("meta-llama--Meta-Llama-3-8B.json", (500_000, None, 1e-5, 0.0, 0.0, 1.0)),
+        ("mistralai--Mistral-7B-v0.1.json", (10_000, None, 1e-5, 0.0, 0.0, 1.0)),
+        ("openai-community--gpt2.json", (10_000, None, 1e-5, 0.1, 0.1, 1.0)),
+        ("EleutherAI--gpt-neox-20b.json", (10_000, None, 1e-5, 0.0, 0.0, 0.25)),
+    ],
+)
+def test_rope_norm_and_dropout_are_read(fixture: str, expected: tuple) -> None:
+    m = load_model(FIXTURES / fixture)
+    got = (m.rotary_base, m.rope_scaling_factor, m.norm_epsilon, m.attention_dropout_fraction,
+           m.hidden_dropout_fraction, m.rotary_fraction)  # fmt: skip
+    assert got == expected
+
+
+LLAMA_31_SCALING = {
+    "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192, "rope_type": "llama3",
+}  # fmt: skip
+
+
+def test_llama_31_rope_scaling_and_the_bundled_405b() -> None:
+    # meta-llama/Llama-3.1-405B config.json: the 8B fixture's layout with these two keys
+    cfg = {**_fixture("meta-llama--Meta-Llama-3-8B.json"), "rope_scaling": LLAMA_31_SCALING}
+    assert model_from_hf_config(cfg, "m").rope_scaling_factor == 8.0
+    bundled = load_model("llama-3.1-405b")
+    assert (bundled.rope_scaling_factor, bundled.rotary_base) == (8.0, 500_000)
+    assert load_model("llama-3-8b").rotary_base == 500_000
+
+
+@pytest.mark.parametrize(
+    ("scaling", "message"),
+    [
+        ({"type": "linear", "factor": 2.0}, "rope_scaling.rope_type='linear'"),
+        ({**LLAMA_31_SCALING, "high_freq_factor": 2.0}, "rope_scaling.high_freq_factor=2.0"),
+        ({**LLAMA_31_SCALING, "factor": "8"}, "rope_scaling.factor='8'"),
+        ({**LLAMA_31_SCALING, "factor": 8.5}, "rope_scaling.factor=8.5: expected a whole number"),
+        ([8.0], "rope_scaling=[8.0]"),
+    ],
+)
+def test_other_rope_scaling_is_refused(scaling: object, message: str) -> None:
+    cfg = {**_fixture("meta-llama--Meta-Llama-3-8B.json"), "rope_scaling": scaling}
+    with pytest.raises(SpecError) as err:
+        model_from_hf_config(cfg, "m", path="config.json")
+    assert message in _one_line(err)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("rope_theta", 10000.5, "rope_theta=10000.5: expected a whole number"),
+        ("rms_norm_eps", 0, "rms_norm_eps=0: expected a positive number"),
+        ("attention_dropout", 1.0, "attention_dropout=1.0: expected a number in [0, 1)"),
+        ("attention_bias", True, "attention_bias=True: biases on only the attention"),
+    ],
+)
+def test_bad_rope_norm_dropout_and_bias_values(key: str, value: object, message: str) -> None:
+    cfg = {**_fixture("meta-llama--Meta-Llama-3-8B.json"), key: value}
+    with pytest.raises(SpecError) as err:
+        model_from_hf_config(cfg, "m", path="config.json")
+    assert message in _one_line(err)
+
+
+@pytest.mark.parametrize(
+    ("fixture", "key", "value"),
+    [
+        ("meta-llama--Meta-Llama-3-8B.json", "num_local_experts", 8),
+        ("mistralai--Mistral-7B-v0.1.json", "num_experts_per_tok", 2),
+        ("Qwen--Qwen2-7B.json", "num_experts", 64),
+        ("openai-community--gpt2.json", "n_routed_experts", 4),
+        ("EleutherAI--gpt-neox-20b.json", "moe_num_experts", 16),
+    ],
+)
+def test_moe_keys_in_a_dense_config_are_refused(fixture: str, key: str, value: int) -> None:
+    cfg = {**_fixture(fixture), key: value}
+    with pytest.raises(SpecError) as err:
+        model_from_hf_config(cfg, "m", path="config.json")
+    message = _one_line(err)
+    assert message.startswith(f"config.json: {key}={value}: a mixture-of-experts key"), message
+    # zero or null means no experts: accepted
+    assert model_from_hf_config({**_fixture(fixture), key: 0}, "m").num_experts == 1
 
 
 def test_model_type_from_architectures() -> None:
@@ -335,6 +421,10 @@ def test_llama_config_round_trip(
         linear_bias=False,
         tied_embeddings=tied,
         max_seq_length=4096,
+        # transformers' LlamaConfig defaults for absent keys; Llama has no hidden dropout
+        norm_epsilon=1e-6,
+        attention_dropout_fraction=0.0,
+        hidden_dropout_fraction=0.0,
     )
     got = model_from_hf_config(cfg, "m")
     assert _architecture(got) == _architecture(expected)

@@ -288,3 +288,60 @@ def test_convert_refuses_a_node_with_every_pair_failed(tmp_path: Path):
     shutil.copy(PAIRWISE / "nccl_N2_G1_cnode2-001_cnode2-002.log", tmp_path)
     with pytest.raises(SpecError, match="every inter-node link failed"):
         convert_nccl_tests_dir(tmp_path)
+
+
+# ------------------------------------------------------------------ cut logs and units
+def _cut_copy(tmp_path: Path, name: str, keep_rows: int, cut_at: int) -> Path:
+    """A copy of a pairwise log whose sendrecv table ends after ``keep_rows`` rows and
+    ``cut_at`` characters of the next (the file ends there: a copy cut off)."""
+    text = (PAIRWISE / name).read_text()
+    start = text.index("Collective test starting: sendrecv_perf")
+    rows = [i for i, line in enumerate(text[start:].splitlines(keepends=True))
+            if line.startswith(" ") and line.split()[0].isdigit()]  # fmt: skip
+    lines = text[start:].splitlines(keepends=True)
+    cut = text[:start] + "".join(lines[: rows[keep_rows]]) + lines[rows[keep_rows]][:cut_at]
+    (tmp_path / name).write_text(cut)
+    return tmp_path / name
+
+
+def test_a_log_cut_mid_row_keeps_a_healthy_pair_healthy(tmp_path: Path) -> None:
+    for name in sorted(p.name for p in PAIRWISE.glob("nccl_N2_G1_*.log")):
+        shutil.copy(PAIRWISE / name, tmp_path / name)
+    name = "nccl_N2_G1_cnode2-001_cnode2-002.log"
+    whole = log(name).test("sendrecv")
+    assert whole is not None
+    for cut_at in (20, 62, 70, 75):  # inside the count, the time, algbw and busbw
+        path = _cut_copy(tmp_path, name, keep_rows=3, cut_at=cut_at)
+        sendrecv = read_nccl_tests_log(path).test("sendrecv")
+        assert sendrecv is not None and sendrecv.ok and sendrecv.rows == whole.rows[:3]
+        assert sendrecv.truncated is not None and "cut off" in sendrecv.truncated
+        pm = pairwise_matrix(read_nccl_tests_dir(tmp_path))
+        assert pm.bandwidth_bytes_per_s[0, 1] == pytest.approx(13.5e9, rel=0.01)
+        assert ("cnode2-001", "cnode2-002") not in {(a, b) for a, b, _ in pm.failed_pairs}
+    cluster = convert_nccl_tests_dir(tmp_path, gpu="h100", gpus_per_node=1)
+    assert f"1 logs cut off mid-row (their last row ignored): {name}" in cluster.source
+    first_row_cut = _cut_copy(tmp_path, name, keep_rows=0, cut_at=60)
+    sendrecv = read_nccl_tests_log(first_row_cut).test("sendrecv")
+    assert sendrecv is not None and not sendrecv.rows
+    assert (sendrecv.failure or "").startswith("no complete result row (line ")
+
+
+def test_units_are_read_from_the_table_header() -> None:
+    text = (PAIRWISE / "nccl_N2_G1_cnode2-001_cnode2-002.log").read_text()
+    (gb,) = [t for t in parse_nccl_tests_log(text) if t.name == "sendrecv_perf"]
+    mb_text = text.replace("(GB/s)", "(MB/s)").replace("(us)", "(ms)")
+    (mb,) = [t for t in parse_nccl_tests_log(mb_text) if t.name == "sendrecv_perf"]
+    assert mb.rows[0].busbw_bytes_per_s == pytest.approx(gb.rows[0].busbw_bytes_per_s / 1e3)
+    assert mb.rows[0].time_s == pytest.approx(gb.rows[0].time_s * 1e3)
+    with pytest.raises(InputFileError, match=r"x\.log: line 11: bandwidth unit GiB/s"):
+        parse_nccl_tests_log(text.replace("(GB/s)", "(GiB/s)"), "x.log")
+
+
+def test_a_malformed_row_inside_a_table_is_refused() -> None:
+    text = (PAIRWISE / "nccl_N2_G1_cnode2-001_cnode2-002.log").read_text()
+    lines = text.splitlines(keepends=True)
+    lines[12] = lines[12][:50] + "\n"  # the second row of alltoall_perf, cut short
+    with pytest.raises(
+        InputFileError, match=r"line 13: malformed result row \(4 fields, expected 13"
+    ):
+        parse_nccl_tests_log("".join(lines), "x.log")

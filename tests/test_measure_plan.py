@@ -4,6 +4,7 @@ round-robin schedule, the hostfile reader, the flags of the generated commands a
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import re
@@ -26,6 +27,7 @@ from pipette_cp.io.measure_plan import (
     plan_measurement,
     read_hostfile,
     round_robin,
+    write_measure_plan,
 )
 from pipette_cp.io.nccl_tests import LOG_NAME, MESSAGE_WINDOW_BYTES
 
@@ -244,3 +246,27 @@ def test_cli_measure_plan_bad_hostfile_is_one_line(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2
     assert result.output.count("\n") == 1 and "line 2" in result.output
+
+
+@pytest.mark.parametrize("bad", ["$(touch pwned)", "n1;reboot", "n\nx", "a..b", "-n", "x" * 64])
+@pytest.mark.parametrize("tool", ["nccl-tests", "mpigraph"])
+def test_library_refuses_unsafe_host_names(bad: str, tool: str, tmp_path: Path) -> None:
+    # the CLI reads names through parse_hostfile; the library must check them itself
+    with pytest.raises(SpecError) as err:
+        plan_measurement(["n0", bad, "n2"], gpus_per_node=8, tool=tool)
+    message = str(err.value)
+    assert message.startswith("hosts[1]=") and "RFC 1123" in message and "\n" not in message
+    # a plan made some other way is checked again where the script is written
+    good = plan_measurement(["n0", "n1", "n2"], gpus_per_node=8, tool=tool)
+    plan = dataclasses.replace(good, hosts=("n0", bad, "n2"))
+    with pytest.raises(SpecError, match=r"^hosts\[1\]="):
+        build_script(plan)
+    with pytest.raises(SpecError):
+        write_measure_plan(plan, tmp_path / "out")
+    assert not (tmp_path / "out" / "measure.sh").exists()
+
+
+def test_rfc_1123_names_pass() -> None:
+    names = ["n0", "gpu-01.dc1.example.org", "9node", "a" * 63, ".".join(["b" * 63] * 3) + ".c"]
+    assert len(names[-1]) == 193
+    build_script(plan_measurement(names, gpus_per_node=8))

@@ -39,6 +39,7 @@ EXACT = {
     "llama-3.1-405b": (405_853_388_800, "meta-llama/Llama-3.1-405B safetensors metadata"),
     "mistral-7b": (7_241_732_096, "mistralai/Mistral-7B-v0.1 safetensors metadata"),
     "gpt-neox-20b": (20_554_567_680, "EleutherAI/gpt-neox-20b model card; Black et al. 2022"),
+    "qwen2-7b": (7_615_616_512, "Qwen/Qwen2-7B safetensors metadata"),
 }
 
 
@@ -55,14 +56,32 @@ def test_bloom_differs_only_by_its_embedding_layernorm() -> None:
     assert bloom.total_params + 2 * bloom.hidden_size == 176_247_271_424
 
 
-def test_qwen2_differs_only_by_its_qkv_biases() -> None:
+def test_qwen2_counts_its_qkv_biases() -> None:
     # Qwen/Qwen2-7B safetensors metadata: 7,615,616,512 parameters.  Qwen2 has
-    # biases on q, k and v only; ModelSpec's single linear_bias flag cannot say
-    # that, so the bundled file leaves them out (0.002 % of the model).
+    # biases on q, k and v only (qkv_bias): 129,024 of them.
     qwen = load_model("qwen2-7b")
     qkv_bias = qwen.num_layers * (qwen.num_attention_heads + 2 * qwen.kv_heads) * qwen.head_size
     assert qkv_bias == 129_024
-    assert qwen.total_params + qkv_bias == 7_615_616_512
+    assert qwen.total_params == 7_615_616_512
+    assert qwen.total_params - qwen.model_copy(update={"qkv_bias": False}).total_params == qkv_bias
+    # linear_bias already holds the q/k/v biases: qkv_bias adds nothing on top of it
+    both = qwen.model_copy(update={"linear_bias": True})
+    assert both.total_params == both.model_copy(update={"qkv_bias": False}).total_params
+
+
+def test_new_fields_have_megatron_defaults_and_bounds() -> None:
+    tiny = load_model("tiny-gpt")
+    assert (tiny.rotary_base, tiny.rotary_fraction, tiny.rope_scaling_factor) == (10000, 1.0, None)
+    assert (tiny.norm_epsilon, tiny.attention_dropout_fraction, tiny.hidden_dropout_fraction) == (
+        1e-5,
+        0.1,
+        0.1,
+    )
+    fields = tiny.model_dump()
+    for key, bad in [("attention_dropout_fraction", 1.0), ("hidden_dropout_fraction", -0.1), ("norm_epsilon", 0),
+                     ("rotary_fraction", 1.5), ("rotary_base", 0), ("rope_scaling_factor", 0)]:  # fmt: skip
+        with pytest.raises(ValueError, match=key):
+            ModelSpec(**{**fields, key: bad})
 
 
 # ------------------------------------------------ counts printed with few digits

@@ -17,6 +17,7 @@ from pipette_cp.specs import (
     Plan,
     SearchSpace,
     SolveInfo,
+    TrainingSpec,
     resolve_gpu,
     validate_spec,
 )
@@ -199,7 +200,7 @@ def test_every_field_has_a_description_and_a_schema(spec: type) -> None:
 
 
 _UNIT_WORDS = {"bytes", "s", "tflops", "flops", "fraction"}
-_UNITLESS = {"mfu", "hfu", "gap", "objective", "bound"}
+_UNITLESS = {"mfu", "hfu", "gap", "objective", "bound", "norm_epsilon"}
 
 
 @pytest.mark.parametrize("spec", SCHEMA_SPECS, ids=lambda s: s.__name__)
@@ -236,3 +237,39 @@ def test_cluster_equality_compares_the_matrix() -> None:
     c = validate_spec(ClusterSpec, _cluster_fields(other), "cluster")
     assert a == b and hash(a) == hash(b)
     assert a != c
+
+
+# ------------------------------------------------------------------ finite numbers, physical bounds
+@pytest.mark.parametrize(
+    ("entry", "match"),
+    [
+        (1e-3, r"bandwidth\[0\]\[2\]=0.001 is below 1e\+06 bytes/s"),
+        (1e300, r"bandwidth\[0\]\[2\]=1e\+300 is above 1e\+15 bytes/s"),
+        (np.inf, "not a finite number"),
+    ],
+)
+def test_cluster_links_are_zero_or_physical(entry: float, match: str) -> None:
+    matrix = np.full((4, 4), 10e9)
+    matrix[0, 2] = entry
+    with pytest.raises(SpecError, match=match):
+        validate_spec(ClusterSpec, _cluster_fields(matrix), "cluster")
+    diagonal = np.full((4, 4), 10e9)
+    np.fill_diagonal(diagonal, 1e-3)  # the diagonal is ignored, whatever it holds
+    assert not validate_spec(ClusterSpec, _cluster_fields(diagonal)).bandwidth_bytes_per_s[0, 0]
+
+
+def test_non_finite_numbers_are_refused_in_nested_specs_and_from_numpy() -> None:
+    gpu = resolve_gpu("a100").model_dump()
+    for bad in (np.float32("inf"), np.float64("nan"), float("-inf"), "1e400"):
+        fields = _cluster_fields(np.full((4, 4), 10e9))
+        fields["gpu_types"] = {"A100-SXM4-80GB": gpu | {"hbm_bandwidth_bytes_per_s": bad}}
+        with pytest.raises(SpecError, match="finite number") as info:
+            validate_spec(ClusterSpec, fields, "cluster")
+        assert info.value.field == "cluster.gpu_types.A100-SXM4-80GB.hbm_bandwidth_bytes_per_s"
+    with pytest.raises(SpecError, match="finite number"):
+        validate_spec(TrainingSpec, {"global_batch_size": 8, "seq_length": 256,
+                                     "framework": {"runtime_bytes": np.inf}})  # fmt: skip
+    with pytest.raises(SpecError, match="node_groups must be >= 0"):
+        validate_spec(
+            ClusterSpec, _cluster_fields(np.full((4, 4), 10e9)) | {"node_groups": (0, -1)}
+        )

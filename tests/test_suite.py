@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -108,6 +110,83 @@ def test_store_refuses_other_files(tmp_path: Path) -> None:
     sqlite3.connect(other).execute("CREATE TABLE t (x)").connection.commit()
     with pytest.raises(InputFileError, match="schema version"):
         BenchStore(other)
+
+
+def _locked(db: Path) -> sqlite3.Connection:
+    """Another connection holding the store's write lock (BEGIN EXCLUSIVE)."""
+    other = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN EXCLUSIVE")
+    return other
+
+
+def test_a_locked_store_keeps_the_row_and_writes_it_later(tmp_path: Path) -> None:
+    """Another process holding the lock beyond the busy timeout: the row is kept (and
+    counted as finished), written with the next one once the lock is gone."""
+    db = tmp_path / "b.sqlite"
+    with BenchStore(db) as store:
+        store.write(row("a"))
+    other = _locked(db)
+    store = BenchStore(db, busy_timeout_s=0.2)  # opening needs no lock
+    store.write(row("b"))  # waits 0.2 s, then keeps the row: no exception
+    assert [r.instance for r in store.pending] == ["b"]
+    assert ("b", "cpsat", 0, 10.0, __version__) in store.finished()
+    assert sorted(r.instance for r in store.rows()) == ["a", "b"]
+    other.rollback()
+    other.close()
+    store.write(row("c"))
+    assert store.pending == ()
+    store.close()
+    with BenchStore(db) as again:
+        assert sorted(r.instance for r in again.rows()) == ["a", "b", "c"]
+
+
+def test_a_lock_released_during_the_wait_loses_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "b.sqlite"
+    BenchStore(db).close()
+    other = _locked(db)
+    timer = threading.Timer(0.3, other.rollback)
+    timer.start()
+    with BenchStore(db, busy_timeout_s=10) as store:
+        store.write(row("a"))  # waits about 0.3 s
+        assert store.pending == ()
+    timer.join()
+    other.close()
+
+
+def test_rows_still_locked_at_close_are_saved_and_written_next_time(tmp_path: Path) -> None:
+    db = tmp_path / "b.sqlite"
+    BenchStore(db).close()
+    other = _locked(db)
+    store = BenchStore(db, busy_timeout_s=0.1)
+    store.write(row("a", t=2.0))
+    with pytest.raises(InputFileError, match=r"locked by another process .* 1 finished rows saved"):
+        store.close()
+    saved = tmp_path / "b.sqlite.pending.json"
+    assert saved.is_file()
+    reopened = BenchStore(db, busy_timeout_s=0.1)  # still locked: the saved row stays saved
+    assert [r.instance for r in reopened.pending] == ["a"]
+    with pytest.raises(InputFileError, match="locked by another process"):
+        reopened.close()
+    assert len(json.loads(saved.read_text())) == 1  # saved once, not twice
+    other.rollback()
+    other.close()
+    with BenchStore(db) as store:
+        assert [(r.instance, r.iteration_time_s) for r in store.rows()] == [("a", 2.0)]
+    assert not saved.exists()
+
+
+def test_read_only_store_writes_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "b.sqlite"
+    with BenchStore(db) as store:
+        store.write(row("a"))
+    before = db.read_bytes()
+    with BenchStore(db, readonly=True) as store:
+        assert [r.instance for r in store.rows()] == ["a"]
+        with pytest.raises(InputFileError, match="read-only"):
+            store.write(row("b"))
+    assert db.read_bytes() == before
+    with pytest.raises(InputFileError, match="no such file"):
+        BenchStore(tmp_path / "absent.sqlite", readonly=True)
 
 
 # --- jobs and runner ----------------------------------------------------------------

@@ -16,7 +16,7 @@ from pipette_cp import __version__
 from pipette_cp.cli.console import console, err_console
 from pipette_cp.cli.progress import progress_bar
 from pipette_cp.errors import PipetteError, SpecError
-from pipette_cp.io.instance_file import load_best_known, write_best_known
+from pipette_cp.io.instance_file import bundled_instance_file, load_best_known, write_best_known
 from pipette_cp.specs import BestKnown
 from pipette_cp.suite import (
     DEFAULT_DB,
@@ -120,6 +120,19 @@ def run_cmd(
         )
 
 
+def _owned(name: str) -> Path:
+    """The bundled instance file ``name`` stands for, or a one-line SpecError."""
+    try:
+        return bundled_instance_file(name)
+    except SpecError as exc:
+        raise SpecError(
+            "instance",
+            name,
+            f"{exc.expected}; update-best-known writes only bundled instance "
+            "files (edit best_known: of other files by hand)",
+        ) from None
+
+
 def _best_known(names: set[str]) -> dict[str, BestKnown | None]:
     """``best_known`` of each instance whose file can still be read (others: no flags)."""
     found: dict[str, BestKnown | None] = {}
@@ -146,7 +159,7 @@ def report_cmd(
     """Per-instance iteration times, speed-ups of the solvers, geometric means, flags."""
     if fmt not in ("markdown", "csv"):
         raise SpecError("--format", fmt, "expected markdown or csv")
-    with BenchStore(db, create=False) as store:
+    with BenchStore(db, readonly=True) as store:  # a report never writes the store
         rows = store.rows()
     report = build_report(rows, _best_known({r.instance for r in rows}), time_limit)
     typer.echo(to_markdown(report) if fmt == "markdown" else to_csv(report), nl=False)
@@ -162,14 +175,19 @@ def report_cmd(
 
 @bench_app.command("update-best-known")
 def update_best_known_cmd(db: Annotated[Path, _DB] = Path(DEFAULT_DB)) -> None:
-    """Write the best fitting plan of this version into each instance file it beats."""
-    with BenchStore(db, create=False) as store:
+    """Write the best fitting plan of this version into each instance file it beats.
+
+    Only bundled instance files (instance files inside the instances directory) are
+    written: if a row to apply names any other file, nothing is written.
+    """
+    with BenchStore(db, readonly=True) as store:
         rows = store.rows()
     current = _best_known({r.instance for r in rows})
     readable = [r for r in rows if r.instance in current]
     updates = best_known_updates(readable, current, __version__)
+    targets = {name: _owned(name) for name in updates}  # all checked before any is written
     for name, best in updates.items():
-        path = write_best_known(name, best)
+        path = write_best_known(targets[name], best)
         console.print(
             f"{path}: best_known {best.iteration_time_s:.6g} s by {best.method} ({best.layout})",
             highlight=False,

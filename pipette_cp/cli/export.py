@@ -12,7 +12,7 @@ from pipette_cp.cli.options import PlanInstanceOption, load_plan
 from pipette_cp.cost.evaluate import simulate
 from pipette_cp.errors import SpecError
 from pipette_cp.report.launch import write_launch_files
-from pipette_cp.report.megatron import megatron_args, megatron_notes
+from pipette_cp.report.megatron import check_export, megatron_args, megatron_notes
 from pipette_cp.report.plots import placement_figure, timeline_figure
 
 
@@ -27,13 +27,26 @@ def export(
         Path | None,
         typer.Option(
             "--hostfile",
-            help="Directory for rank_map.csv, rankfile, slurm_hostfile, launch scripts.",
+            help="Directory for rank_map.csv, rankfile, slurm_hostfile, rank_wrapper.sh and "
+            "the Slurm, Open MPI and torchrun launchers.",
         ),
     ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check/--no-check",
+            help="Check the flags and the launch environment against Megatron-LM's argument "
+            "table (commit d98e8a6) and its validate_args rules.",
+        ),
+    ] = True,
     instance: PlanInstanceOption = None,
 ) -> None:
-    """Megatron-LM arguments and the rank order that realises the plan's placement."""
+    """Megatron-LM arguments and the launch files that realise the plan's placement.
+
+    Plans that do not fit in memory, with an empty stage, or (with --check) with flags
+    Megatron-LM would reject are refused."""
     plan, inst = load_plan(plan_file, instance)
+    check_export(inst, plan, flags=check)
     args = megatron_args(inst, plan)
     if megatron or hostfile is None:
         typer.echo(

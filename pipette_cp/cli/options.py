@@ -31,6 +31,7 @@ from pipette_cp.io.files import read_text
 from pipette_cp.io.instance_file import load_instance
 from pipette_cp.io.model_file import load_model
 from pipette_cp.io.profile_file import load_layer_profile
+from pipette_cp.io.yaml_safe import safe_load
 from pipette_cp.specs import Instance, Plan, TrainingSpec, validate_spec
 from pipette_cp.specs._base import spec_error_from
 
@@ -96,7 +97,7 @@ def parse_assignments(option: str, items: list[str]) -> dict[str, object]:
         if not sep or not key.strip():
             raise SpecError(option, item, "expected KEY=VALUE, e.g. fused_norm=false")
         try:
-            out[key.strip().replace("-", "_")] = yaml.safe_load(raw)
+            out[key.strip().replace("-", "_")] = safe_load(raw)
         except yaml.YAMLError:
             raise SpecError(option, item, "the value is not a YAML scalar") from None
     return out

@@ -20,6 +20,7 @@ import numpy as np
 from pipette_cp.clusters.gen_fabric import Fabric, Noise, persistent_noise
 from pipette_cp.clusters.gen_noise import group_log_factor, log_split_of, upper_pairs
 from pipette_cp.errors import SpecError
+from pipette_cp.specs.cluster import MAX_GPUS_PER_NODE
 from pipette_cp.specs.gpu import GpuSpec, resolve_gpu
 from pipette_cp.units import GB
 
@@ -234,6 +235,10 @@ def leaf_generator(
             integer("nodes", common.nodes, 2, f"for {kind} (a bandwidth matrix needs two nodes)")
             integer("gpus_per_node", common.gpus_per_node, 1)
             integer(f"{kind}.nics_per_node", common.nics_per_node, 1)
+            for name in ("gpus_per_node", "nics_per_node"):
+                if getattr(common, name) > MAX_GPUS_PER_NODE:  # before any matrix is built
+                    raise SpecError(name, getattr(common, name),
+                                    f"at most {MAX_GPUS_PER_NODE} are modelled")  # fmt: skip
             bandwidth(f"{kind}.nic_gbytes_per_s", common.nic_gbytes_per_s)
             return func(values.pop(rng.name), common, **values)
 

@@ -41,7 +41,14 @@ from pipette_cp.clusters.expand import expand_node_matrix
 from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.files import read_mapping
 from pipette_cp.specs._base import validate_spec
-from pipette_cp.specs.cluster import MAX_GPUS, ClusterSpec
+from pipette_cp.specs.cluster import (
+    MAX_GPUS,
+    MAX_GPUS_PER_NODE,
+    MAX_LATENCY_S,
+    MAX_LINK_BYTES_PER_S,
+    MIN_LINK_BYTES_PER_S,
+    ClusterSpec,
+)
 from pipette_cp.specs.gpu import GPU_CATALOG, GpuSpec, resolve_gpu
 from pipette_cp.units import GB, US
 
@@ -100,6 +107,8 @@ def cluster_from_mapping(data: dict[str, Any], where: str = "cluster") -> Cluste
     if len(given) != 1:
         raise SpecError(where, given, f"give exactly one of {', '.join(MATRIX_KEYS)}")
     g = _positive_int(data, "gpus_per_node", where)
+    if g > MAX_GPUS_PER_NODE:
+        raise SpecError(f"{where}.gpus_per_node", g, f"at most {MAX_GPUS_PER_NODE} are modelled")
     names = data.get("node_names")
     if given[0] == "gpu_bandwidth_gb_per_s":
         gpu_matrix = bandwidth_rows(data[given[0]], f"{where}.{given[0]}")
@@ -118,6 +127,7 @@ def cluster_from_mapping(data: dict[str, Any], where: str = "cluster") -> Cluste
         _require_size(n, g, where)
         inter = _number(data, "inter_node_bandwidth_gb_per_s", where, required=True)
         assert inter is not None  # required=True raised otherwise
+        _link_range(inter, f"{where}.inter_node_bandwidth_gb_per_s", pair=False)
         node_matrix = np.full((n, n), inter * GB)
     _require_size(n, g, where)
     if data.get("num_nodes", n) != n:
@@ -135,6 +145,7 @@ def cluster_from_mapping(data: dict[str, Any], where: str = "cluster") -> Cluste
         nic = float(np.median(off[off > 0])) / GB if (off > 0).any() else 0.0
     if nic <= 0:
         raise SpecError(f"{where}.nic_bandwidth_gb_per_s", nic, "must be > 0")
+    _link_range(nic, f"{where}.nic_bandwidth_gb_per_s", pair=False)
     fields = {
         "name": data.get("name", "cluster"),
         "num_nodes": n,
@@ -150,6 +161,8 @@ def cluster_from_mapping(data: dict[str, Any], where: str = "cluster") -> Cluste
     }
     for key in ("intra_node_latency", "inter_node_latency"):
         if (value := _number(data, f"{key}_us", where)) is not None:
+            if value > MAX_LATENCY_S / US:
+                raise SpecError(f"{where}.{key}_us", value, f"above {MAX_LATENCY_S / US:g} us")
             fields[f"{key}_s"] = value / (1 / US)  # us -> s; keeps 5 us == 5e-6 exactly
     return validate_spec(ClusterSpec, fields, where)
 
@@ -181,8 +194,20 @@ def _number(data: dict, key: str, where: str, required: bool = False) -> float |
     return float(value)
 
 
+def _link_range(gb_per_s: float, field: str, *, pair: bool = True) -> None:
+    """A link's GB/s, > 0, must lie in the range :class:`ClusterSpec` accepts (a
+    node ``pair`` below it is told to be given as failed)."""
+    low, high = MIN_LINK_BYTES_PER_S / GB, MAX_LINK_BYTES_PER_S / GB
+    if gb_per_s < low:
+        hint = "; give 0 or null for a failed link" if pair else ""
+        raise SpecError(field, gb_per_s, f"below {low:g} GB/s{hint}")
+    if gb_per_s > high:
+        raise SpecError(field, gb_per_s, f"above {high:g} GB/s (a unit mistake?)")
+
+
 def bandwidth_rows(value: Any, field: str) -> np.ndarray:
-    """A square GB/s list of lists -> bytes/s; null = 0 (failed); errors name ``field``."""
+    """A square GB/s list of lists -> bytes/s; null = 0 (failed); errors name ``field``.
+    A value > 0 must lie in [0.001, 1e6] GB/s (:func:`_link_range`)."""
     if not isinstance(value, list) or not value or not all(isinstance(r, list) for r in value):
         raise SpecError(field, value, "expected a non-empty list of rows")
     n = len(value)
@@ -195,6 +220,8 @@ def bandwidth_rows(value: Any, field: str) -> np.ndarray:
             bad = isinstance(x, bool) or not (x is None or isinstance(x, int | float))
             if bad or (x is not None and (not math.isfinite(x) or x < 0)):
                 raise SpecError(f"{field}[{i}][{j}]", x, "expected a finite bandwidth >= 0 or null")
+            if x:
+                _link_range(x, f"{field}[{i}][{j}]")
     return np.array([[0.0 if x is None else x * GB for x in row] for row in value])
 
 
@@ -228,6 +255,8 @@ def _expand(node: np.ndarray, data: dict, gpus: list[GpuSpec], g: int, where: st
             )
         return expand_node_matrix(node, intra, g)
     value = _number(data, key, where)
+    if value:
+        _link_range(value, f"{where}.{key}", pair=False)
     per_node = [value * GB if value is not None else s.nvlink_bandwidth_bytes_per_s for s in gpus]
     if g > 1 and min(per_node) <= 0:
         raise SpecError(f"{where}.{key}", raw, "needed (a GPU type without NVLink)")
@@ -326,7 +355,7 @@ def cluster_to_mapping(cluster: ClusterSpec, decimals: int | None = 3) -> dict[s
         ]
         return out
     if g > 1:
-        uniform = np.ptp(intra[off]) == 0
+        uniform = np.ptp(intra[off]) == 0 and intra[off][0] > 0  # a scalar 0 reads as unset
         out["intra_node_bandwidth_gb_per_s"] = (
             gb(intra[off][0]) if uniform else [_Row(gb(x) for x in row) for row in intra]
         )

@@ -1,7 +1,8 @@
 """Hugging Face ``config.json`` files -> :class:`~pipette_cp.specs.ModelSpec`.
 
-Only the architecture fields are read, and only for the decoder-only families
-whose parameter counts ModelSpec reproduces: Llama, Mistral, Mixtral (accepted,
+Only the architecture fields are read (widths, norm and its epsilon, RoPE base,
+scaling and fraction, biases, tying, dropout), and only for the decoder-only
+families whose parameter counts ModelSpec reproduces: Llama, Mistral, Mixtral (accepted,
 then refused as mixture-of-experts by ``ModelSpec.require_dense``), Qwen2,
 GPT-2 and GPT-NeoX.  Anything else is refused with :class:`UnsupportedError`
 rather than guessed.  Every error names the file and the config.json key, e.g.
@@ -28,6 +29,13 @@ ARCHITECTURE_TYPES: dict[str, str] = {
     "GPT2LMHeadModel": "gpt2",
     "GPTNeoXForCausalLM": "gpt_neox",
 }
+
+#: Keys that give a config experts (transformers' Mixtral, Qwen2-MoE, DeepSeek, ...).
+MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_num_experts")  # fmt: skip
+#: Model types whose configs may carry :data:`MOE_KEYS`.
+MOE_MODEL_TYPES: frozenset[str] = frozenset({"mixtral"})
+#: The ``rope_scaling`` constants Megatron-Core's Llama 3.1 scaling fixes.
+_LLAMA3_SCALING = {"low_freq_factor": 1, "high_freq_factor": 4, "original_max_position_embeddings": 8192}  # fmt: skip
 
 _SNAPSHOT_HASH = re.compile(r"[0-9a-f]{40}")
 _REQUIRED = object()
@@ -77,6 +85,70 @@ class _Reader:
         if not isinstance(value, str):
             raise SpecError(self.field(key), value, "expected a string")
         return value
+
+    def number(self, key: str, default: float, *, probability: bool = False) -> float:
+        """A positive JSON number, or with ``probability`` one in [0, 1)."""
+        value = self.get(key, default)
+        numeric = isinstance(value, int | float) and not isinstance(value, bool)
+        if not numeric or not (0 <= value < 1 if probability else value > 0):
+            expected = "a number in [0, 1)" if probability else "a positive number"
+            raise SpecError(self.field(key), value, f"expected {expected}")
+        return float(value)
+
+    def dropout(self, *keys: str, default: float) -> float:
+        """The first of ``keys`` present (a probability), else ``default``."""
+        key = next((k for k in keys if self.data.get(k) is not None), keys[0])
+        return self.number(key, default, probability=True)
+
+    def rotary_base(self, key: str, default: int) -> int:
+        """``rope_theta``: a whole number, as Megatron's ``--rotary-base`` takes."""
+        value = self.number(key, default)
+        if value != int(value):
+            raise SpecError(self.field(key), value, "expected a whole number (--rotary-base)")
+        return int(value)
+
+    def dense_only(self) -> None:
+        """Refuse mixture-of-experts keys (:data:`MOE_KEYS`) in a dense config."""
+        for key in MOE_KEYS:
+            value = self.data.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+                raise SpecError(
+                    self.field(key), value, f"a mixture-of-experts key in a dense "
+                    f"{self.model_type!r} config (MoE is not modelled); remove it or fix model_type",
+                )  # fmt: skip
+
+
+def _rope_scaling_factor(r: _Reader) -> int | None:
+    """``rope_scaling``: None, or the factor of Llama 3.1's ``llama3`` scaling with the
+    constants Megatron-Core fixes (``RotaryEmbedding._apply_scaling`` in
+    ``megatron/core/models/common/embeddings/rotary_pos_embedding.py``: frequency factors
+    1 and 4, 8192 original positions); any other scaling is refused."""
+    scaling, key = r.data.get("rope_scaling"), "rope_scaling"
+    if scaling is not None and not isinstance(scaling, Mapping):
+        raise SpecError(r.field(key), scaling, "expected an object or null")
+    kind = None if scaling is None else scaling.get("rope_type", scaling.get("type"))
+    if scaling is None or kind in (None, "default"):
+        return None
+    if kind != "llama3":
+        raise UnsupportedError(
+            r.field(f"{key}.rope_type"), kind, "only Llama 3.1's 'llama3' RoPE scaling is modelled"
+        )
+    for name, fixed in _LLAMA3_SCALING.items():
+        if scaling.get(name, fixed) != fixed:
+            raise UnsupportedError(
+                r.field(f"{key}.{name}"), scaling[name], f"Megatron-LM fixes it to {fixed}"
+            )
+    factor = scaling.get("factor")
+    if (
+        isinstance(factor, bool)
+        or not isinstance(factor, int | float)
+        or factor <= 0
+        or (
+            factor != int(factor)  # Llama 3.1 and 3.2 scale by 8 and 32
+        )
+    ):
+        raise SpecError(r.field(f"{key}.factor"), factor, "expected a whole number > 0")
+    return int(factor)
 
 
 def model_type_of(data: Mapping[str, Any], where: str = "config.json") -> str:
@@ -136,20 +208,27 @@ def _llama_like(r: _Reader) -> dict[str, Any]:
         raise UnsupportedError(
             r.field("hidden_act"), act, "only SiLU-gated MLPs (SwiGLU) are modelled for this family"
         )
-    # ModelSpec has one bias flag for every linear layer.  Llama's attention_bias
-    # covers q/k/v/o and mlp_bias the MLP: only both together are expressible.
-    # Qwen2 always has q/k/v biases and nothing else, which no flag value gives;
-    # leaving them out undercounts by num_layers * (q_width + 2 kv_width), i.e.
-    # 129,024 parameters (0.002 %) for Qwen2-7B.
-    if r.model_type == "qwen2":
+    # Qwen2 always has q/k/v biases and nothing else (transformers' Qwen2Attention):
+    # qkv_bias, Megatron's --add-qkv-bias.  Llama's attention_bias covers q/k/v/o and
+    # mlp_bias the MLP: both together are linear_bias; either alone is refused (no
+    # ModelSpec field, and no Megatron flag, puts biases on o or the MLP only).
+    qkv_bias = r.model_type == "qwen2"
+    if qkv_bias:
         linear_bias = False
     else:
-        linear_bias = r.flag("attention_bias", False) and r.flag("mlp_bias", False)
-    # Mixtral must say how many experts it has; in the other families the key is
-    # optional and a value > 1 also makes the model MoE (refused by require_dense).
-    required = r.model_type == "mixtral"
-    experts = r.integer("num_local_experts") if required else r.integer("num_local_experts", 1)
-    top_k = r.integer("num_experts_per_tok") if experts > 1 else 1
+        attention_bias, mlp_bias = r.flag("attention_bias", False), r.flag("mlp_bias", False)
+        if attention_bias != mlp_bias:
+            key = "attention_bias" if attention_bias else "mlp_bias"
+            raise UnsupportedError(
+                r.field(key), True, "biases on only the attention or only the MLP are not modelled"
+            )
+        linear_bias = attention_bias
+    # Mixtral must say how many experts it has (the other families have none).
+    if r.model_type in MOE_MODEL_TYPES:
+        experts = r.integer("num_local_experts")
+        top_k = r.integer("num_experts_per_tok") if experts > 1 else 1
+    else:
+        experts = top_k = 1
     return {
         "num_layers": r.integer("num_hidden_layers"),
         "hidden_size": hidden,
@@ -162,10 +241,18 @@ def _llama_like(r: _Reader) -> dict[str, Any]:
         "norm": "rmsnorm",
         "position_embedding": "rope",
         "linear_bias": linear_bias,
+        "qkv_bias": qkv_bias,
         "tied_embeddings": r.flag("tie_word_embeddings", False),
         "max_seq_length": r.integer("max_position_embeddings"),
         "num_experts": experts,
         "moe_top_k": top_k,
+        # transformers' defaults: rope_theta 10000 (Mixtral 1e6), rms_norm_eps 1e-6,
+        # attention_dropout 0; these families have no hidden dropout.
+        "rotary_base": r.rotary_base("rope_theta", 10**6 if r.model_type == "mixtral" else 10**4),
+        "rope_scaling_factor": _rope_scaling_factor(r),
+        "norm_epsilon": r.number("rms_norm_eps", 1e-6),
+        "attention_dropout_fraction": r.dropout("attention_dropout", default=0.0),
+        "hidden_dropout_fraction": 0.0,
     }
 
 
@@ -194,6 +281,10 @@ def _gpt2(r: _Reader) -> dict[str, Any]:
         "linear_bias": True,
         "tied_embeddings": r.flag("tie_word_embeddings", True),
         "max_seq_length": r.integer("n_positions"),
+        # Megatron's --hidden-dropout also drops the embedding (GPT-2's embd_pdrop).
+        "norm_epsilon": r.number("layer_norm_epsilon", 1e-5),
+        "attention_dropout_fraction": r.dropout("attn_pdrop", default=0.1),
+        "hidden_dropout_fraction": r.dropout("resid_pdrop", default=0.1),
     }
 
 
@@ -219,6 +310,14 @@ def _gpt_neox(r: _Reader) -> dict[str, Any]:
         "linear_bias": r.flag("attention_bias", True),
         "tied_embeddings": r.flag("tie_word_embeddings", False),
         "max_seq_length": r.integer("max_position_embeddings"),
+        "rotary_base": r.rotary_base("rotary_emb_base", 10_000),
+        "rotary_fraction": r.number("rotary_pct", 0.25),  # ModelSpec checks <= 1
+        "norm_epsilon": r.number("layer_norm_eps", 1e-5),
+        # current transformers names, then the names of older GPT-NeoX configs
+        "attention_dropout_fraction": r.dropout(
+            "attention_dropout", "attention_probs_dropout_prob", default=0.0
+        ),
+        "hidden_dropout_fraction": r.dropout("hidden_dropout", "hidden_dropout_prob", default=0.0),
     }
 
 
@@ -252,16 +351,18 @@ def model_from_hf_config(
     Returns
     -------
     ModelSpec
-        Mixture-of-experts configs (``num_local_experts`` > 1) are returned with
+        Mixtral configs (``num_local_experts`` > 1) are returned with
         ``num_experts`` set; ``ModelSpec.require_dense()`` then refuses them.
 
     Raises
     ------
     SpecError
-        A required key is missing or not a positive integer, or the head counts
-        do not divide (``num_attention_heads`` by ``num_key_value_heads``).
+        A required key is missing or not a positive integer, the head counts do
+        not divide (``num_attention_heads`` by ``num_key_value_heads``), or a dense
+        ``model_type`` carries a mixture-of-experts key (:data:`MOE_KEYS`).
     UnsupportedError
-        The ``model_type`` (or activation) is not one pipette_cp models.
+        The ``model_type``, activation, bias pattern or RoPE scaling is not one
+        pipette_cp models.
 
     Examples
     --------
@@ -282,7 +383,10 @@ def model_from_hf_config(
             model_type,
             f"not a supported architecture (supported: {', '.join(SUPPORTED_MODEL_TYPES)})",
         )
-    fields = parser(_Reader(data, where, model_type))
+    reader = _Reader(data, where, model_type)
+    if model_type not in MOE_MODEL_TYPES:
+        reader.dense_only()
+    fields = parser(reader)
     repo = data.get("_name_or_path")
     origin = f" ({repo})" if isinstance(repo, str) and repo else ""
     fields["name"] = name

@@ -14,7 +14,30 @@ from pathlib import Path
 from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.files import read_text
 
-_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*$")
+#: One RFC 1123 label: letters, digits and '-', 1-63 characters, no '-' at either end.
+_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+HOST_NAME_RULE = "expected an RFC 1123 host name (letters, digits, '-', dots between labels)"
+
+
+def is_host_name(name: object) -> bool:
+    """Whether ``name`` is an RFC 1123 host name: labels of letters, digits and ``-``
+    (1-63 characters, no ``-`` at either end) joined by dots, at most 253 characters.
+
+    Such names are safe in shell scripts, hostfiles and log file names unquoted.
+
+    >>> [is_host_name(n) for n in ("gpu-01", "n1.dc2", "a..b", "-a", "x\\ny", "$(id)")]
+    [True, True, False, False, False, False]
+    """
+    if not isinstance(name, str) or not name or len(name) > 253:
+        return False
+    return all(_LABEL.fullmatch(label) for label in name.split("."))
+
+
+def check_host_name(name: object, field: str) -> str:
+    """``name`` if :func:`is_host_name`, else :class:`SpecError` naming ``field``."""
+    if not is_host_name(name):
+        raise SpecError(field, name, HOST_NAME_RULE)
+    return str(name)
 
 
 @dataclass(frozen=True)
@@ -29,8 +52,8 @@ class Host:
 def parse_hostfile(text: str, where: str = "hostfile") -> tuple[Host, ...]:
     """Hosts of a hostfile: ``host``, ``host slots=8`` or ``host:8`` per line.
 
-    ``#`` starts a comment; blank lines are skipped.  Host names may hold letters,
-    digits, ``.`` and ``-`` only (``_`` separates the host names in log file names).
+    ``#`` starts a comment; blank lines are skipped.  Host names must be RFC 1123
+    names (:func:`is_host_name`; ``_`` separates the host names in log file names).
 
     Raises
     ------
@@ -72,8 +95,8 @@ def _host_line(line: str, where: str) -> tuple[str, int | None]:
             slots = _slots(value, where, line)
     if "_" in name:
         raise InputFileError(where, f"host {name!r}: '_' separates host names in log names")
-    if not _HOST.match(name):
-        raise InputFileError(where, f"host {name!r}: expected letters, digits, '.' and '-'")
+    if not is_host_name(name):
+        raise InputFileError(where, f"host {name!r}: {HOST_NAME_RULE}")
     return name, slots
 
 

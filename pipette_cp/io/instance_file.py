@@ -28,7 +28,7 @@ import yaml
 from pipette_cp.clusters.generators import generate, generate_timeline
 from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.cluster_file import cluster_from_mapping, read_cluster_file
-from pipette_cp.io.files import read_mapping, read_text
+from pipette_cp.io.files import parse_yaml, read_mapping, read_text
 from pipette_cp.io.model_file import load_model, model_from_mapping
 from pipette_cp.io.paths import INSTANCES_DIR
 from pipette_cp.io.profile_file import load_layer_profile
@@ -99,7 +99,9 @@ def write_best_known(name_or_path: str | Path, best: BestKnown | None) -> Path:
     """Rewrite the ``best_known:`` entry of an instance file, keeping every other line
     (comments, order, formatting) as it is; the entry is appended if missing.
 
-    Returns the path written.  JSON instance files are rewritten whole.
+    Returns the path written.  JSON instance files are rewritten whole.  A YAML file
+    whose rewritten text would not read back as its old mapping with the new entry
+    (e.g. a flow-style ``{...}`` top level) is left alone: :class:`InputFileError`.
     """
     path = instance_path(name_or_path)
     value = None if best is None else best.model_dump()
@@ -109,6 +111,7 @@ def write_best_known(name_or_path: str | Path, best: BestKnown | None) -> Path:
         path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
         return path
     entry = yaml.safe_dump({"best_known": value}, sort_keys=False, width=120)
+    before = read_mapping(path)
     lines = read_text(path).splitlines(keepends=True)
     start = next((i for i, line in enumerate(lines) if _BEST_KNOWN_LINE.match(line)), None)
     if start is None:
@@ -123,8 +126,43 @@ def write_best_known(name_or_path: str | Path, best: BestKnown | None) -> Path:
         while end > start + 1 and not lines[end - 1].strip():
             end -= 1
         lines[start:end] = [entry]
-    path.write_text("".join(lines), encoding="utf-8")
+    text = "".join(lines)
+    if parse_yaml(text, path) != {**before, "best_known": value}:
+        raise InputFileError(
+            path,
+            "cannot rewrite its best_known: entry in place (not a block mapping at the "
+            "top level?); the file is left as it was",
+        )
+    path.write_text(text, encoding="utf-8")
     return path
+
+
+def bundled_instance_file(name_or_path: str | Path) -> Path:
+    """The file of a bundled instance: a regular ``.yaml``/``.json`` file inside the
+    instances directory (symbolic links resolved) that is an instance file (model,
+    cluster and training at its top level).  The files ``pipette-cp bench
+    update-best-known`` may write.
+
+    Raises
+    ------
+    SpecError
+        Anything else (a file elsewhere, a cluster file, a link leading out).
+    InputFileError
+        The file is missing or unreadable.
+    """
+    path = instance_path(name_or_path)
+    root = INSTANCES_DIR.resolve()
+    real = path.resolve()
+    if not real.is_relative_to(root) or real.suffix.lower() not in {".yaml", ".yml", ".json"}:
+        raise SpecError(
+            "instance", str(name_or_path), f"not an instance file under {INSTANCES_DIR}"
+        )
+    data = read_mapping(real)
+    missing = [part for part in ("model", "cluster", "training") if part not in data]
+    if missing or set(data) - _PARTS:
+        what = f"no {missing[0]}:" if missing else "unknown top-level keys"
+        raise SpecError("instance", str(name_or_path), f"{real} is not an instance file ({what})")
+    return real
 
 
 def instance_from_mapping(

@@ -25,8 +25,11 @@ import numpy as np
 from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.cluster_file import MATRIX_KEYS, bandwidth_rows, cluster_from_mapping
 from pipette_cp.io.files import read_mapping, read_text
-from pipette_cp.specs.cluster import ClusterSpec
+from pipette_cp.specs.cluster import MAX_LINK_BYTES_PER_S, MIN_LINK_BYTES_PER_S, ClusterSpec
 from pipette_cp.units import GB, MiB
+
+#: The range of a working link in a CSV matrix, GB/s (:class:`ClusterSpec`'s).
+_LOW_GB, _HIGH_GB = MIN_LINK_BYTES_PER_S / GB, MAX_LINK_BYTES_PER_S / GB
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,12 @@ def read_matrix_csv(path: str | Path) -> LabelledMatrix:
             if not math.isfinite(value) or value < 0:
                 raise InputFileError(
                     path, f"row {i + 2} column {j + 1}: {cell!r} must be finite and >= 0"
+                )
+            if i != j and (0 < value < _LOW_GB or value > _HIGH_GB):
+                raise InputFileError(
+                    path,
+                    f"row {i + 2} column {j + 1}: {cell!r} must be empty or 0 (failed) or "
+                    f"in [{_LOW_GB:g}, {_HIGH_GB:g}] GB/s",
                 )
             matrix[i, j] = value * GB
     np.fill_diagonal(matrix, 0.0)

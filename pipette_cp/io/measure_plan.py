@@ -27,19 +27,20 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from pipette_cp.errors import InputFileError
-from pipette_cp.io.hostfile import Host, parse_hostfile, read_hostfile
+from pipette_cp.io.hostfile import Host, check_host_name, parse_hostfile, read_hostfile
 from pipette_cp.io.measure_schedule import (
     COLLECTIVES,
     LAUNCHERS,
     TOOLS,
     MeasurePlan,
     pair_log_name,
-    plan_measurement,
     round_robin,
     single_log_name,
 )
+from pipette_cp.io.measure_schedule import plan_measurement as _plan_measurement
 
 #: Message sizes 16 MiB .. 1 GiB, doubling: all 7 lie in the window the importer
 #: averages over (:data:`pipette_cp.io.nccl_tests.MESSAGE_WINDOW_BYTES`, 10 MB - 1 GiB);
@@ -54,6 +55,21 @@ __all__ = [
     "build_script", "import_command", "launch_argv", "pair_log_name", "parse_hostfile", "plan_measurement",
     "read_hostfile", "round_robin", "single_log_name", "write_measure_plan",
 ]  # fmt: skip
+
+
+def plan_measurement(hosts: Sequence[Host | str], **options: Any) -> MeasurePlan:
+    """:func:`pipette_cp.io.measure_schedule.plan_measurement` of ``hosts`` once each name
+    is an RFC 1123 host name (:func:`~pipette_cp.io.hostfile.is_host_name`): the names
+    reach the script, its commands and its log names.
+
+    Raises
+    ------
+    SpecError
+        ``hosts[i]=NAME``: not a host name; or as the schedule's planner.
+    """
+    for i, host in enumerate(hosts):
+        check_host_name(host.name if isinstance(host, Host) else host, f"hosts[{i}]")
+    return _plan_measurement(hosts, **options)
 
 
 def launch_argv(launcher: str, nodes: Sequence[str], tasks_per_node: int) -> list[str]:
@@ -95,7 +111,16 @@ def _job(text: str) -> str:
 
 
 def build_script(plan: MeasurePlan) -> str:
-    """The bash script of ``plan``: header comments, settings, one block per round."""
+    """The bash script of ``plan``: header comments, settings, one block per round.
+
+    Raises
+    ------
+    SpecError
+        A host name that is not an RFC 1123 name (:func:`~pipette_cp.io.hostfile.
+        is_host_name`): names reach the script and its log names unquoted.
+    """
+    for i, host in enumerate(plan.hosts):
+        check_host_name(host, f"hosts[{i}]")
     binary = "$MPIGRAPH" if plan.tool == "mpigraph" else f"$NCCL_TESTS_BIN/{plan.collectives[0]}"
     parts = [_header(plan), _PRELUDE, _CHECK.format(binary=binary)]
     if plan.tool == "mpigraph":

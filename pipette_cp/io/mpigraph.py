@@ -112,7 +112,8 @@ def parse_mpigraph(text: str, where: str = "mpiGraph output") -> MpiGraphResult:
     Raises
     ------
     InputFileError
-        A table is missing, not square, out of order or not numeric.
+        A table is missing, not square, out of order or not numeric, or the text
+        ends inside a table row (a log cut off).
 
     Examples
     --------
@@ -125,7 +126,13 @@ def parse_mpigraph(text: str, where: str = "mpiGraph output") -> MpiGraphResult:
     params: dict[str, int] = {}
     tables: dict[str, tuple[list[str], list[list[float]]]] = {}
     current: str | None = None
-    for number, line in enumerate(text.splitlines(), start=1):
+    lines = text.splitlines()
+    if lines and not text.endswith(("\n", "\r")) and lines[-1].split()[1:2] in (["to"], ["from"]):
+        # its last number may be cut short (22856.471 read as 22.8): never guess
+        raise InputFileError(
+            where, f"line {len(lines)}: the file ends inside a table row (cut off?)"
+        )
+    for number, line in enumerate(lines, start=1):
         if m := _PARAM.match(line):
             params[m.group(1)] = int(m.group(2))
         elif m := _HEADER.match(line):

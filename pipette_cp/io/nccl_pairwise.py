@@ -59,6 +59,7 @@ class PairMeasurement:
     sizes_bytes: tuple[int, ...]
     largest_size_busbw_bytes_per_s: float
     failure: str | None
+    truncated: str | None = None  # the test's last row, cut off, was ignored
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,10 @@ def pairwise_matrix(
     PairwiseMatrix
         Bytes/s, 0 = failed or not measured; ``failed_pairs`` gives each such
         pair's reason ("no log" when there is none).  Two logs of one pair (both
-        name orders) are averaged over those that succeeded.
+        name orders) are averaged over those that succeeded.  A log cut off in
+        the middle of a row keeps its complete rows (the cut row is ignored and
+        named in :attr:`PairMeasurement.truncated`; never read as 0 bandwidth);
+        with no complete row, the pair is not measured.
 
     Raises
     ------
@@ -126,7 +130,8 @@ def pairwise_matrix(
         rows = () if t is None else t.window_rows(window)
         largest = t.rows[-1].busbw_bytes_per_s if t is not None and t.rows else 0.0
         sizes = tuple(r.size_bytes for r in rows)
-        pairs.append(PairMeasurement((a, b), log.path, value, sizes, largest, failure))
+        cut = None if t is None else t.truncated
+        pairs.append(PairMeasurement((a, b), log.path, value, sizes, largest, failure, cut))
         devices.extend(t.devices if t is not None else ())
         if failure is None and value > 0:
             for i, j in ((index[a], index[b]), (index[b], index[a])):
@@ -169,6 +174,8 @@ def nic_load_estimate(
         if log.gpus_per_node != g or t is None or not t.ok:
             continue
         rows = t.window_rows(window)
+        if not rows or any(r.algbw_bytes_per_s <= 0 for r in rows):
+            continue  # a dead link says nothing about the NIC
         algbw = len(rows) / sum(1.0 / r.algbw_bytes_per_s for r in rows)
         rates.append(g * algbw / 2)
     if not rates:
@@ -274,5 +281,14 @@ def convert_nccl_tests_dir(
         node_names=matrix.node_names,
         source=source
         or f"nccl-tests {matrix.test} G={gpus_per_test}, {len(matrix.pairs)} pairwise logs, "
-        f"harmonic mean of busbw over {window[0]:.3g}-{window[1]:.3g} B",
+        f"harmonic mean of busbw over {window[0]:.3g}-{window[1]:.3g} B"
+        + _cut_note(matrix),
     )
+
+
+def _cut_note(matrix: PairwiseMatrix) -> str:
+    """``; 2 logs cut off mid-row (their last row ignored): a.log, b.log`` or nothing."""
+    cut = [Path(p.path).name for p in matrix.pairs if p.truncated]
+    if not cut:
+        return ""
+    return f"; {len(cut)} logs cut off mid-row (their last row ignored): {', '.join(cut)}"

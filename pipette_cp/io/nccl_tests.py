@@ -25,16 +25,18 @@ Pairwise directories of such logs become matrices in
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.files import read_text
 from pipette_cp.specs.gpu import GpuSpec, resolve_gpu
-from pipette_cp.units import GB, MB, US, GiB
+from pipette_cp.units import GB, MB, MS, US, GiB
 
 #: Message sizes (bytes, inclusive) of pipeline p2p transfers (module doc).
 MESSAGE_WINDOW_BYTES: tuple[float, float] = (10 * MB, 1 * GiB)
@@ -49,6 +51,10 @@ _RANK = re.compile(
     r"^#\s+Rank\s+\d+\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+\s+\S+\s+(.+)$"
 )
 _ROW = re.compile(r"^\s*\d+\s+\d+\s+\S+\s+\S+\s")
+_ROW_START = re.compile(r"^\s*\d+(\s|$)")  # a row cut short (the last line only)
+_COLUMNS = re.compile(r"^#\s*size\s+count\s+type\s")
+_UNITS = re.compile(r"^#\s*\(B\)")
+_UNIT = re.compile(r"\(([^()\s]+)\)")
 _AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(\S+)")
 _OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)\s+(\S+)")
 _ERROR = re.compile(r"\b(failure|failed|error|abort(ed)?|killed|terminated)\b", re.IGNORECASE)
@@ -77,12 +83,15 @@ class NcclTest:
     errors: tuple[str, ...] = ()
     avg_busbw_bytes_per_s: float | None = None
     version: str = ""
+    truncated: str | None = None  # why the last row was ignored, if it was
 
     @property
     def failure(self) -> str | None:
         """Why the test failed, or None when its table is usable."""
         if self.errors:
             return self.errors[0]
+        if not self.rows and self.truncated:
+            return f"no complete result row ({self.truncated})"
         if not self.rows:
             return "no result table (the run stopped before any message size completed)"
         bad = [r.size_bytes for r in self.rows if r.wrong]
@@ -132,24 +141,50 @@ class NcclLog:
 
 
 _HEADERS = ((_VERSION, 0), (_STARTING, 1), (_NTHREAD, 2))
+#: Units the unit line of a table may give (nccl-tests prints us and GB/s).
+_BANDWIDTH_UNITS = {"GB/s": GB, "MB/s": MB}
+_TIME_UNITS = {"us": US, "ms": MS}
+#: Column names of a table without a column header line, by number of columns: with
+#: or without ``root`` (nccl-tests >= 2.17 prints it), with or without in-place columns.
+_HEAD, _OUT = ["size", "count", "type", "redop"], ["time", "algbw", "busbw", "#wrong"]
+_DEFAULT_COLUMNS = {8: _HEAD + _OUT, 9: [*_HEAD, "root", *_OUT], 12: _HEAD + _OUT + _OUT,
+                    13: [*_HEAD, "root", *_OUT, *_OUT]}  # fmt: skip
 
 
-def parse_nccl_tests_log(text: str) -> tuple[NcclTest, ...]:
+def _new_block() -> dict[str, Any]:
+    return {"name": "", "rows": [], "hosts": [], "devices": [], "errors": [], "columns": None,
+            "bandwidth_unit": GB, "time_unit": US, "version": ""}  # fmt: skip
+
+
+def parse_nccl_tests_log(text: str, where: str = "nccl-tests output") -> tuple[NcclTest, ...]:
     r"""Every test of one nccl-tests output (several tests may follow each other).
 
     A test opens with up to three header lines (``# nccl-tests version``, ``#
     Collective test starting: NAME``, ``# nThread ...``); a header line opens a
     new test unless the current one has only seen headers that come before it.
+    Rows are read by the table's column line (``# size count type ...``) and
+    in the units of its unit line (``# (B) (elements) (us) (GB/s) ...``; MB/s is
+    converted).  The last row of a test, when incomplete (the log cut off or a
+    line overwritten), is ignored and named in :attr:`NcclTest.truncated`.
 
     Parameters
     ----------
     text : str
         The whole stdout of one or more nccl-tests runs.
+    where : str
+        Names the input in error messages.
 
     Returns
     -------
     tuple of NcclTest
         In order of appearance; a test whose job died has no rows.
+
+    Raises
+    ------
+    InputFileError
+        A table with rows in a unit other than us / ms and GB/s / MB/s (or a unit
+        line not understood), or a malformed row followed by other rows of its
+        table.
 
     Examples
     --------
@@ -158,14 +193,16 @@ def parse_nccl_tests_log(text: str) -> tuple[NcclTest, ...]:
     >>> [(t.name, len(t.rows), t.ok) for t in parse_nccl_tests_log(text)]
     [('', 1, True)]
     """
-    blocks: list[dict] = []
+    blocks: list[dict[str, Any]] = []
     version = ""
-    for line in text.splitlines():
+    lines = text.splitlines()
+    cut = len(lines) if text and not text.endswith(("\n", "\r")) else None  # no final newline
+    for number, line in enumerate(lines, start=1):
         stage = next(((rx, st) for rx, st in _HEADERS if rx.match(line)), None)
         if stage is not None:
             rx, st = stage
             if not blocks or blocks[-1]["stage"] >= st:
-                blocks.append({"name": "", "rows": [], "hosts": [], "devices": [], "errors": []})
+                blocks.append(_new_block())
             blocks[-1]["stage"] = st
             if st == 0:
                 version = rx.match(line).group(1)  # type: ignore[union-attr]
@@ -176,56 +213,120 @@ def parse_nccl_tests_log(text: str) -> tuple[NcclTest, ...]:
         if not blocks:
             continue
         cur = blocks[-1]
+        if _COLUMNS.match(line):
+            cur["columns"] = line.lstrip("#").split()
+            continue
+        if _UNITS.match(line):
+            try:
+                _read_units(cur, line, f"{where}: line {number}")
+            except InputFileError as exc:  # raised once a row would be read in these units
+                cur["unit_error"] = exc
+            continue
         if m := _RANK.match(line):
             cur["hosts"].append(m.group(1))
             cur["devices"].append(m.group(2).strip())
         elif m := _AVG.match(line):
-            cur["avg"] = float(m.group(1)) * GB
+            if (avg := _number(m.group(1))) is not None:
+                cur["avg"] = avg * cur["bandwidth_unit"]
         elif (m := _OOB.match(line)) and m.group(2).upper() != "OK":
             cur["errors"].append(line.lstrip("# ").strip())
-        elif _ROW.match(line):
-            cur["rows"].append(_parse_row(line))
+        elif _ROW.match(line) or (number == cut and _ROW_START.match(line)
+                                  and not _ERROR.search(line)):  # fmt: skip
+            cur["rows"].append((number, line))
         elif not line.startswith("#") and _ERROR.search(line) and "NCCL INFO" not in line:
             cur["errors"].append(line.strip())
         else:
             continue
         cur["stage"] = 3
-    return tuple(
-        NcclTest(
-            name=b["name"],
-            rows=tuple(b["rows"]),
-            hosts=tuple(b["hosts"]),
-            devices=tuple(b["devices"]),
-            errors=tuple(b["errors"]),
-            avg_busbw_bytes_per_s=b.get("avg"),
-            version=b["version"],
-        )
-        for b in blocks
+    return tuple(_test(b, cut, where) for b in blocks)
+
+
+def _read_units(block: dict[str, Any], line: str, where: str) -> None:
+    units = [u for u in _UNIT.findall(line) if u not in ("B", "elements")]
+    if not units or len(units) % 3:  # (time) (algbw) (busbw), out-of-place and in-place
+        raise InputFileError(where, f"unit line {line.strip()[:60]!r} not understood")
+    times, bandwidth = set(units[0::3]), set(units[1::3]) | set(units[2::3])
+    for found, known, what in ((bandwidth, _BANDWIDTH_UNITS, "bandwidth"),
+                               (times, _TIME_UNITS, "time")):  # fmt: skip
+        if len(found) > 1 or not found <= set(known):
+            raise InputFileError(
+                where, f"{what} unit {'/'.join(sorted(found))}: expected one of {', '.join(known)}"
+            )
+    if bandwidth:
+        block["bandwidth_unit"] = _BANDWIDTH_UNITS[bandwidth.pop()]
+    if times:
+        block["time_unit"] = _TIME_UNITS[times.pop()]
+
+
+def _test(block: dict[str, Any], cut: int | None, where: str) -> NcclTest:
+    """A block's test; its last row is dropped (and named) when incomplete."""
+    if block["rows"] and "unit_error" in block:
+        raise block["unit_error"]
+    rows: list[NcclRow] = []
+    truncated = None
+    for k, (number, line) in enumerate(block["rows"]):
+        last = k == len(block["rows"]) - 1
+        row = None if number == cut else _parse_row(line, block)
+        if row is None and last:
+            why = "the log ends inside it" if number == cut else "incomplete or malformed"
+            truncated = f"line {number}: the last result row is cut off ({why}); ignored"
+        elif row is None:
+            columns = len(block["columns"] or ()) or "8, 9, 12 or 13"
+            raise InputFileError(
+                where,
+                f"line {number}: malformed result row ({len(line.split())} fields, expected "
+                f"{columns} as the table's header gives): {line.strip()[:60]!r}",
+            )
+        else:
+            rows.append(row)
+    return NcclTest(
+        name=block["name"],
+        rows=tuple(rows),
+        hosts=tuple(block["hosts"]),
+        devices=tuple(block["devices"]),
+        errors=tuple(block["errors"]),
+        avg_busbw_bytes_per_s=block.get("avg"),
+        version=block["version"],
+        truncated=truncated,
     )
 
 
-def _parse_row(line: str) -> NcclRow:
+def _parse_row(line: str, block: dict[str, Any]) -> NcclRow | None:
+    """One row in SI units, or None when it is not complete (wrong number of fields,
+    a time or bandwidth that is not a finite number >= 0)."""
     tok = line.split()
-    # size count type redop [root] | time algbw busbw #wrong | in-place: the same 4
-    k = 5 if len(tok) in (9, 13) else 4
-    out, inp = [*tok[k : k + 4], "N/A"], [*tok[k + 4 : k + 8], "N/A", "N/A", "N/A"]
-    wrong, in_place = _float(out[3]), _float(inp[2])
+    columns = block["columns"] or _DEFAULT_COLUMNS.get(len(tok))
+    if columns is None or len(tok) != len(columns) or "time" not in columns:
+        return None
+    k = columns.index("time")
+    out, inp = tok[k : k + 4], tok[k + 4 : k + 8]
+    if columns[k : k + 3] != ["time", "algbw", "busbw"] or len(out) < 3:
+        return None
+    time, algbw, busbw = (_number(t) for t in out[:3])
+    wrong = _number(out[3]) if len(out) > 3 else None
+    if time is None or algbw is None or busbw is None or (len(out) > 3 and wrong is None
+                                                          and out[3] != "N/A"):  # fmt: skip
+        return None
+    in_place = _number(inp[2]) if len(inp) > 2 else None
+    bw, unit = block["bandwidth_unit"], block["time_unit"]
     return NcclRow(
         size_bytes=int(tok[0]),
-        time_s=(_float(out[0]) or 0.0) * US,
-        algbw_bytes_per_s=(_float(out[1]) or 0.0) * GB,
-        busbw_bytes_per_s=(_float(out[2]) or 0.0) * GB,
+        time_s=time * unit,
+        algbw_bytes_per_s=algbw * bw,
+        busbw_bytes_per_s=busbw * bw,
         wrong=None if wrong is None else int(wrong),
-        in_place_busbw_bytes_per_s=None if in_place is None else in_place * GB,
+        in_place_busbw_bytes_per_s=None if in_place is None else in_place * bw,
     )
 
 
-def _float(token: str) -> float | None:
-    """A number, or None for "N/A" (validation or in-place disabled)."""
+def _number(token: str) -> float | None:
+    """A finite number >= 0, or None ("N/A": validation or in-place disabled; or not a
+    number at all)."""
     try:
-        return float(token)
+        value = float(token)
     except ValueError:
         return None
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 def read_nccl_tests_log(path: str | Path) -> NcclLog:
@@ -247,7 +348,7 @@ def read_nccl_tests_log(path: str | Path) -> NcclLog:
         The file is missing, unreadable or holds no nccl-tests output.
     """
     p = Path(path)
-    tests = parse_nccl_tests_log(read_text(p))
+    tests = parse_nccl_tests_log(read_text(p), where=str(p))
     if not tests:
         raise InputFileError(p, "no nccl-tests output found (no '# nThread ...' header)")
     ranked = tuple(dict.fromkeys(h for t in tests for h in t.hosts))

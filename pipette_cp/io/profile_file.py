@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from pipette_cp.errors import InputFileError
+from pipette_cp.io.files import load_json, read_text
 from pipette_cp.specs import validate_spec
 from pipette_cp.specs.profile import LayerProfile
 
@@ -16,17 +17,15 @@ def load_layer_profile(path: str | Path) -> LayerProfile:
     Raises
     ------
     InputFileError
-        The file is missing, unreadable or not JSON.
+        The file is missing, not a regular file, too large, unreadable or not JSON
+        (a duplicated key or too deep a nesting included).
     SpecError
         A field is missing or invalid (the message names it).
     """
     path = Path(path)
+    text = read_text(path)  # a regular file of bounded size, or InputFileError
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputFileError(path, "no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputFileError(path, f"cannot read: {exc}") from None
+        data = load_json(text, path)
     except json.JSONDecodeError as exc:
         raise InputFileError(path, f"not JSON: {exc.msg} at line {exc.lineno}") from None
     return validate_spec(LayerProfile, data, "profile")

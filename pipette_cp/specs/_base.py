@@ -19,9 +19,17 @@ from pipette_cp.errors import SpecError
 
 
 class FrozenSpec(BaseModel):
-    """Immutable, strict-about-extras base of every spec."""
+    """Immutable, strict-about-extras base of every spec.
 
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    No float field of any spec holds NaN or an infinity (``allow_inf_nan=False``):
+    ``.nan``, ``.inf``, ``1e400`` (read as inf) and numpy's ``np.float32("inf")`` are
+    refused with ``Input should be a finite number``, in nested specs too (each spec
+    inherits this configuration).
+    """
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False
+    )
 
 
 def _to_matrix(value: Any) -> np.ndarray:

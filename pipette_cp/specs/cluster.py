@@ -13,6 +13,19 @@ from pipette_cp.units import GB
 #: a larger count is a typo or a unit mistake, rejected before any matrix is allocated.
 MAX_GPUS = 16384
 
+#: Most GPUs (and NICs) in one node: the largest NVLink domains hold a few hundred GPUs.
+MAX_GPUS_PER_NODE = 1024
+
+#: Slowest working link, bytes/s (1 MB/s = 0.001 GB/s, the resolution of a cluster file):
+#: a pair below it is a unit mistake or a failed pair, to be given as 0.
+MIN_LINK_BYTES_PER_S = 1e6
+
+#: Fastest link, bytes/s (1 PB/s, some 500 x NVLink 5): above it is a unit mistake.
+MAX_LINK_BYTES_PER_S = 1e15
+
+#: Longest start-up latency of one transfer, s (measured ones are micro-seconds).
+MAX_LATENCY_S = 1.0
+
 
 class ClusterSpec(FrozenSpec):
     """N nodes x G GPUs and the bandwidth every ordered GPU pair delivers.
@@ -21,12 +34,15 @@ class ClusterSpec(FrozenSpec):
     ``g % gpus_per_node``); ``bandwidth_bytes_per_s[i, j]`` is what one
     point-to-point stream from GPU i to GPU j achieves (it may differ from
     ``[j, i]``).  An off-diagonal 0 marks a failed or unmeasured pair: it is
-    never used silently.  The diagonal is meaningless and stored as 0.
+    never used silently; every other entry lies in [:data:`MIN_LINK_BYTES_PER_S`,
+    :data:`MAX_LINK_BYTES_PER_S`].  The diagonal is meaningless and stored as 0.
     """
 
     name: str = Field(default="cluster", description="Identifier of this cluster or snapshot.")
     num_nodes: int = Field(gt=0, description="Number of servers.")
-    gpus_per_node: int = Field(gt=0, description="GPUs in every server.")
+    gpus_per_node: int = Field(
+        gt=0, le=MAX_GPUS_PER_NODE, description="GPUs in every server (NVLink domain)."
+    )
     gpu_types: dict[str, GpuSpec] = Field(
         description="The GPU types present, by name (usually just one)."
     )
@@ -38,18 +54,28 @@ class ClusterSpec(FrozenSpec):
         default=None,
         description="Switch group (leaf, pod) of each node, if known; used for statistics only.",
     )
-    nics_per_node: int = Field(gt=0, description="Inter-node NICs per server.")
+    nics_per_node: int = Field(
+        gt=0, le=MAX_GPUS_PER_NODE, description="Inter-node NICs per server."
+    )
     nic_bandwidth_bytes_per_s: float = Field(
-        gt=0, description="What one NIC delivers in one direction under load, bytes/s."
+        ge=MIN_LINK_BYTES_PER_S,
+        le=MAX_LINK_BYTES_PER_S,
+        description="What one NIC delivers in one direction under load, bytes/s.",
     )
     bandwidth_bytes_per_s: Matrix = Field(
         description="GPU x GPU point-to-point bandwidth, bytes/s; off-diagonal 0 = failed pair."
     )
     intra_node_latency_s: float = Field(
-        default=5e-6, ge=0, description="Start-up latency of one intra-node transfer, s."
+        default=5e-6,
+        ge=0,
+        le=MAX_LATENCY_S,
+        description="Start-up latency of one intra-node transfer, s.",
     )
     inter_node_latency_s: float = Field(
-        default=10e-6, ge=0, description="Start-up latency of one inter-node transfer, s."
+        default=10e-6,
+        ge=0,
+        le=MAX_LATENCY_S,
+        description="Start-up latency of one inter-node transfer, s.",
     )
     source: str = Field(
         default="", description="Where the numbers come from (measurement, generator)."
@@ -68,6 +94,8 @@ class ClusterSpec(FrozenSpec):
             raise ValueError(f"node_gpu_types names {unknown} missing from gpu_types")
         if len(set(self.node_names)) != self.num_nodes:
             raise ValueError("node_names must be distinct")
+        if self.node_groups is not None and min(self.node_groups, default=0) < 0:
+            raise ValueError(f"node_groups must be >= 0, got {min(self.node_groups)}")
         return self
 
     @model_validator(mode="after")
@@ -85,6 +113,17 @@ class ClusterSpec(FrozenSpec):
         if (matrix < 0).any():
             i, j = np.argwhere(matrix < 0)[0]
             raise ValueError(f"bandwidth[{i}][{j}]={matrix[i, j]} is negative")
+        low, high = MIN_LINK_BYTES_PER_S, MAX_LINK_BYTES_PER_S
+        if np.min(matrix, where=matrix > 0, initial=np.inf) < low or matrix.max() > high:
+            for bad, why in (
+                ((matrix > 0) & (matrix < low),
+                 f"is below {low:g} bytes/s (1 MB/s); give 0 for a failed pair"),
+                (matrix > high, f"is above {high:g} bytes/s (1 PB/s): a unit mistake?"),
+            ):  # fmt: skip
+                np.fill_diagonal(bad, False)  # the diagonal is ignored
+                if bad.any():
+                    i, j = np.argwhere(bad)[0]
+                    raise ValueError(f"bandwidth[{i}][{j}]={matrix[i, j]:g} {why}")
         if np.diagonal(matrix).any():
             fixed = matrix.copy()
             np.fill_diagonal(fixed, 0.0)

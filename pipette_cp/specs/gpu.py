@@ -2,28 +2,54 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from pipette_cp.errors import SpecError
 from pipette_cp.specs._base import FrozenSpec, validate_spec
 from pipette_cp.units import GB, TFLOPS, MiB
+
+#: Physical bounds of a GPU's numbers: far outside any real device on either side, so
+#: that a value beyond them is a unit mistake (bytes given as GB, FLOP/s as TFLOP/s).
+MEMORY_BYTES_RANGE = (float(MiB), float(2**50))  # 1 MiB .. 1 PiB
+FLOPS_RANGE = (1e9, 1e18)  # 1 GFLOP/s .. 1 EFLOP/s
+BANDWIDTH_RANGE = (1e6, 1e15)  # 1 MB/s .. 1 PB/s
 
 
 class GpuSpec(FrozenSpec):
     """One GPU model.  Peak numbers are dense (no sparsity) datasheet values."""
 
     name: str = Field(description="Catalogue name, e.g. 'A100-SXM-80GB'.")
-    memory_bytes: float = Field(gt=0, description="Device memory (HBM) capacity, bytes.")
-    peak_flops_per_s: float = Field(
-        gt=0, description="Dense bf16/fp16 tensor-core peak, FLOP/s (no sparsity)."
+    memory_bytes: float = Field(
+        ge=MEMORY_BYTES_RANGE[0],
+        le=MEMORY_BYTES_RANGE[1],
+        description="Device memory (HBM) capacity, bytes.",
     )
-    hbm_bandwidth_bytes_per_s: float = Field(gt=0, description="Device memory bandwidth, bytes/s.")
+    peak_flops_per_s: float = Field(
+        ge=FLOPS_RANGE[0],
+        le=FLOPS_RANGE[1],
+        description="Dense bf16/fp16 tensor-core peak, FLOP/s (no sparsity).",
+    )
+    hbm_bandwidth_bytes_per_s: float = Field(
+        ge=BANDWIDTH_RANGE[0],
+        le=BANDWIDTH_RANGE[1],
+        description="Device memory bandwidth, bytes/s.",
+    )
     nvlink_bandwidth_bytes_per_s: float = Field(
         ge=0,
+        le=BANDWIDTH_RANGE[1],
         description="NVLink bandwidth per GPU, one direction, bytes/s (datasheet totals are "
         "bidirectional and are halved here); 0 for PCIe-only GPUs.",
     )
     source: str = Field(default="", description="Datasheet the numbers come from.")
+
+    @field_validator("nvlink_bandwidth_bytes_per_s")
+    @classmethod
+    def _nvlink_zero_or_real(cls, value: float) -> float:
+        if 0 < value < BANDWIDTH_RANGE[0]:
+            raise ValueError(
+                f"must be 0 (no NVLink) or at least {BANDWIDTH_RANGE[0]:g} bytes/s (1 MB/s)"
+            )
+        return value
 
 
 def _gpu(

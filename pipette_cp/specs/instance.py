@@ -92,4 +92,3 @@ def _family(name: str) -> str:
     """The GPU family in a device or GPU name ('NVIDIA H100 80GB HBM3' -> 'H100'), '' if none."""
     upper = name.upper()
     return next((f for f in _FAMILIES if f in upper), "")
-

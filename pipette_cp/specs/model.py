@@ -53,10 +53,57 @@ class ModelSpec(FrozenSpec):
         description="'learned' adds a max_seq_length x hidden table; 'rope'/'alibi' add no parameters.",
     )
     linear_bias: bool = Field(default=True, description="Whether the linear layers carry biases.")
+    qkv_bias: bool = Field(
+        default=False,
+        description="Biases on the query, key and value projections only (Qwen2; Megatron "
+        "--add-qkv-bias); linear_bias puts them on every linear layer.",
+    )
     tied_embeddings: bool = Field(
         default=True, description="Whether the LM head shares the input embedding's weights."
     )
     max_seq_length: int = Field(gt=0, description="Longest sequence the model supports, tokens.")
+    rotary_base: int = Field(
+        default=10000,
+        gt=0,
+        description="RoPE base period (Megatron --rotary-base; Hugging Face rope_theta): 10000 "
+        "for Llama 2 and Mistral 7B, 500000 for Llama 3, 1000000 for Qwen2; unused without "
+        "rotary positions.",
+    )
+    rotary_fraction: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="Fraction of each head's width that RoPE rotates (Megatron --rotary-percent; "
+        "GPT-NeoX rotary_pct, 0.25 for GPT-NeoX-20B).",
+    )
+    rope_scaling_factor: int | None = Field(
+        default=None,
+        gt=0,
+        description="Llama 3.1 RoPE frequency scaling by this whole factor, 8 for Llama 3.1 "
+        "(Megatron --use-rope-scaling --rope-scaling-factor; Hugging Face rope_scaling of "
+        "rope_type 'llama3' with low and high frequency factors 1 and 4 over 8192 original "
+        "positions, which Megatron fixes); None: no scaling.",
+    )
+    norm_epsilon: float = Field(
+        default=1e-5,
+        gt=0,
+        description="Epsilon of the normalisation layers (Megatron --norm-epsilon; Hugging Face "
+        "rms_norm_eps, layer_norm_eps, layer_norm_epsilon).",
+    )
+    attention_dropout_fraction: float = Field(
+        default=0.1,
+        ge=0,
+        lt=1,
+        description="Dropout probability of the attention weights (Megatron --attention-dropout, "
+        "default 0.1); exported as 0 when training.dropout is off.",
+    )
+    hidden_dropout_fraction: float = Field(
+        default=0.1,
+        ge=0,
+        lt=1,
+        description="Dropout probability after the attention and MLP blocks and the embedding "
+        "(Megatron --hidden-dropout, default 0.1); exported as 0 when training.dropout is off.",
+    )
     num_experts: int = Field(
         default=1, gt=0, description="MoE experts per layer; 1 = dense. MoE is not modelled yet."
     )
@@ -115,12 +162,16 @@ class ModelSpec(FrozenSpec):
 
     @property
     def attention_params(self) -> int:
-        """Q, K, V and output projections of one layer (plus their biases)."""
+        """Q, K, V and output projections of one layer (plus their biases: all four with
+        ``linear_bias``, Q, K and V alone with ``qkv_bias``)."""
         h = self.hidden_size
         q_width = self.num_attention_heads * self.head_size
         kv_width = self.kv_heads * self.head_size
         weights = h * q_width + 2 * h * kv_width + q_width * h
-        biases = (q_width + 2 * kv_width + h) if self.linear_bias else 0
+        if self.linear_bias:
+            biases = q_width + 2 * kv_width + h
+        else:
+            biases = q_width + 2 * kv_width if self.qkv_bias else 0
         return weights + biases
 
     @property

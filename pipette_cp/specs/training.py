@@ -20,6 +20,15 @@ AttentionKernel = Literal[
 #: The attention kernels that never store the s x s scores (FlashAttention-style).
 FUSED_ATTENTION: tuple[AttentionKernel, ...] = ("flash1", "flash2", "flash3", "cudnn")
 
+#: Upper bounds of the sizes, far above any published run (16k sequences of 1M tokens)
+#: and far below what overflows the cost model or makes its simulator run for hours.
+MAX_GLOBAL_BATCH_SIZE = 2**20
+MAX_SEQ_LENGTH = 2**21
+#: Bytes per parameter of one kind of training state (fp64 Adam would be 24).
+MAX_BYTES_PER_PARAMETER = 64.0
+#: Largest memory amount (headroom, runtime) in bytes: 1 PiB.
+MAX_MEMORY_BYTES = float(2**50)
+
 
 class FrameworkProfile(FrozenSpec):
     """The training framework: a catalogue name, with any of its values overridden.
@@ -53,17 +62,27 @@ class FrameworkProfile(FrozenSpec):
         "runs attention its own way (llm-foundry's ALiBi attention).",
     )
     weight_bytes: float | None = Field(
-        default=None, gt=0, description="Bytes per parameter of the compute weights (bf16: 2)."
+        default=None,
+        gt=0,
+        le=MAX_BYTES_PER_PARAMETER,
+        description="Bytes per parameter of the compute weights (bf16: 2).",
     )
     gradient_bytes: float | None = Field(
-        default=None, gt=0, description="Bytes per parameter of the gradient buffer (fp32: 4)."
+        default=None,
+        gt=0,
+        le=MAX_BYTES_PER_PARAMETER,
+        description="Bytes per parameter of the gradient buffer (fp32: 4).",
     )
     master_weight_bytes: float | None = Field(
-        default=None, ge=0, description="Bytes per parameter of the fp32 master weights (4)."
+        default=None,
+        ge=0,
+        le=MAX_BYTES_PER_PARAMETER,
+        description="Bytes per parameter of the fp32 master weights (4).",
     )
     optimizer_state_bytes: float | None = Field(
         default=None,
         ge=0,
+        le=MAX_BYTES_PER_PARAMETER,
         description="Bytes per parameter of Adam's two fp32 moments (8); SGD keeps half.",
     )
     keeps_compute_weights: bool | None = Field(
@@ -75,6 +94,7 @@ class FrameworkProfile(FrozenSpec):
     runtime_bytes: float | None = Field(
         default=None,
         ge=0,
+        le=MAX_MEMORY_BYTES,
         description="Constant memory per GPU beyond the tensors: CUDA context, NCCL and "
         "workspaces, and the framework's communication buckets (default: the value fitted "
         "on Megatron-DeepSpeed's BLOOM runs, 5.56 GiB).",
@@ -93,8 +113,10 @@ class FrameworkProfile(FrozenSpec):
 class TrainingSpec(FrozenSpec):
     """One training job's fixed settings (what the layout search must not change)."""
 
-    global_batch_size: int = Field(gt=0, description="Sequences per optimizer step.")
-    seq_length: int = Field(gt=0, description="Tokens per sequence.")
+    global_batch_size: int = Field(
+        gt=0, le=MAX_GLOBAL_BATCH_SIZE, description="Sequences per optimizer step."
+    )
+    seq_length: int = Field(gt=0, le=MAX_SEQ_LENGTH, description="Tokens per sequence.")
     precision: Precision = Field(default="bf16", description="Mixed-precision compute type.")
     optimizer: Optimizer = Field(
         default="adam",
@@ -152,6 +174,7 @@ class TrainingSpec(FrozenSpec):
     memory_headroom_bytes: float | None = Field(
         default=None,
         gt=0,
+        le=MAX_MEMORY_BYTES,
         description="Memory kept free on every GPU, bytes (or memory_headroom_fraction; "
         "neither: 2 % of the GPU's memory, at least 1 GiB).",
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipette_cp.errors import SpecError
+from pipette_cp.errors import LayoutError, SpecError
 from pipette_cp.specs import Plan
 
 
@@ -20,8 +20,18 @@ def megatron_split_args(plan: Plan, num_layers: int) -> list[str]:
       ``PipelineParallelLayerLayout``, ``megatron/core/transformer/
       pipeline_parallel_layer_layout.py``; experimental there): one ``|``-separated
       group per virtual stage in ``chunk * pp + stage`` order, ``E`` the
-      embedding, ``t*k`` k transformer layers, ``L`` the loss.  It replaces
-      ``--num-layers-per-virtual-pipeline-stage``.
+      embedding, ``t*k`` k transformer layers, ``L`` the loss.  The string fixes
+      the virtual stages too, so Megatron refuses it together with
+      ``--num-virtual-stages-per-pipeline-rank`` or
+      ``--num-layers-per-virtual-pipeline-stage``, and together with the first/last
+      stage counts above: the caller gives exactly one of the three forms.
+
+    Raises
+    ------
+    SpecError
+        The split does not sum to ``num_layers``.
+    LayoutError
+        A virtual stage holds no transformer layer (none of the forms builds one).
 
     Examples
     --------
@@ -37,6 +47,11 @@ def megatron_split_args(plan: Plan, num_layers: int) -> list[str]:
     split, pp, vpp = plan.layer_split, plan.pp, plan.vpp
     if sum(split) != num_layers:
         raise SpecError("plan.layer_split", split, f"sums to {sum(split)}, not {num_layers}")
+    empty = next((k for k, n in enumerate(split) if n == 0), None)
+    if empty is not None:
+        stage, chunk = empty % pp, empty // pp
+        where = f"stage {stage}" if vpp == 1 else f"chunk {chunk} of stage {stage}"
+        raise LayoutError("plan.layer_split", split, f"{where} has no transformer layers")
     if len(set(split)) == 1:
         return []
     chunks = [[split[c * pp + s] for c in range(vpp)] for s in range(pp)]
