@@ -67,7 +67,7 @@ def fit_frameworks() -> dict[tuple[str, str], tuple[float, float]]:
 
 
 #: Largest share of a framework's fit-side runs that ran which the margin may call out of
-#: memory (the issue's target for runs predicted not to fit).
+#: memory (the accuracy target for runs predicted not to fit).
 MAX_FALSE_OOM = 0.05
 #: Margins tried (fractions of the per-micro-batch memory), smallest first.
 MARGIN_GRID = tuple(round(0.01 * i, 2) for i in range(101))
