@@ -244,6 +244,7 @@ def test_cli_profile_feeds_predict(tmp_path: Path) -> None:
                     "--recompute", "none,full", "--no-flash", "-o", str(path))  # fmt: skip
     assert code == 0, out
     prof = load_layer_profile(path)
+    assert prof.device == "cpu" and prof.model == load_model(TINY).name  # its provenance
     assert {(e.tp, e.recompute, e.flash_attention) for e in prof.entries} == {
         (1, "none", False), (1, "full", False), (2, "none", False), (2, "full", False)
     }  # fmt: skip
@@ -251,11 +252,16 @@ def test_cli_profile_feeds_predict(tmp_path: Path) -> None:
                "--tp", "2", "--pp", "1", "--dp", "4", "--mb", "1", "--no-flash-attn",
                "--recompute", "full", "--json")  # fmt: skip
     code, out = run(*predict, "--profile", str(path))
+    assert code == 2 and "profile.device='cpu'" in out, out  # CPU times do not stand for a GPU
+    # The same numbers as if measured on the cluster's GPU (the workflow, not the numbers).
+    as_gpu = prof.model_copy(update={"device": "cuda", "gpu": "NVIDIA A100-SXM4-80GB"})
+    path.write_text(as_gpu.model_dump_json())
+    code, out = run(*predict, "--profile", str(path))
     assert code == 0, out
     compute_only = json.loads(out)
     # The same times declared as including TP comm: the analytic collectives vanish.
     with_comm = tmp_path / "with-comm.json"
-    with_comm.write_text(prof.model_copy(update={"includes_tp_comm": True}).model_dump_json())
+    with_comm.write_text(as_gpu.model_copy(update={"includes_tp_comm": True}).model_dump_json())
     code, out = run(*predict, "--profile", str(with_comm))
     assert code == 0, out
     assert compute_only["iteration_time_s"] > json.loads(out)["iteration_time_s"]
