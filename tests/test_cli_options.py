@@ -28,14 +28,19 @@ def _cluster(tmp_path: Path) -> Path:
     return path
 
 
-def test_solve_on_a_cluster_file_writes_an_instance_export_can_reload(tmp_path: Path) -> None:
-    cluster = _cluster(tmp_path)
-    plan_path = tmp_path / "plan.json"
+def _solve_on(cluster: Path, plan_path: Path) -> None:
+    """``solve --model gpt3-1.3b --cluster FILE -o PLAN`` (greedy, 5 s), which must succeed."""
     code, out = run(
         "solve", "--model", "gpt3-1.3b", "--cluster", str(cluster), "--global-batch", "64",
         "--method", "greedy", "--time-limit", "5", "-o", str(plan_path),
     )  # fmt: skip
     assert code == 0, out
+
+
+def test_solve_on_a_cluster_file_writes_an_instance_export_can_reload(tmp_path: Path) -> None:
+    cluster = _cluster(tmp_path)
+    plan_path = tmp_path / "plan.json"
+    _solve_on(cluster, plan_path)
     plan = Plan.model_validate_json(plan_path.read_text())
     assert plan.instance == "plan.instance.yaml"  # next to the plan, never an absolute path
     inst = load_instance(plan_path.parent / plan.instance)
@@ -53,11 +58,7 @@ def test_a_solved_plan_and_its_instance_move_together(tmp_path: Path) -> None:
     work.mkdir()
     cluster = _cluster(work)
     plan_path = work / "plan.json"
-    code, out = run(
-        "solve", "--model", "gpt3-1.3b", "--cluster", str(cluster), "--global-batch", "64",
-        "--method", "greedy", "--time-limit", "5", "-o", str(plan_path),
-    )  # fmt: skip
-    assert code == 0, out
+    _solve_on(cluster, plan_path)
     text = (work / "plan.instance.yaml").read_text()
     assert str(tmp_path) not in text and str(tmp_path) not in plan_path.read_text()
     moved = tmp_path / "moved"

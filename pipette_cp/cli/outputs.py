@@ -11,7 +11,6 @@ relative to the folder of the file that holds them, so the pair can be moved.
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 import time
@@ -60,9 +59,8 @@ def search_budget(time_limit: float, started_at: float) -> float:
     """What is left of the command's ``time_limit`` for the search: the limit less the
     time already spent (imports, loading) and :data:`OUTPUT_RESERVE_S`, at least 10 %
     of it."""
-    spent = time.perf_counter() - started_at
-    left = time_limit - spent - OUTPUT_RESERVE_S
-    return max(left, 0.1 * time_limit) if math.isfinite(left) else time_limit
+    left = time_limit - (time.perf_counter() - started_at) - OUTPUT_RESERVE_S
+    return max(left, 0.1 * time_limit)
 
 
 def instance_path(out: Path) -> Path:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 from pipette_cp.cost.calibration import MEMORY_CALIBRATION, MemoryCalibration
 from pipette_cp.cost.framework import resolve_framework
@@ -300,14 +301,28 @@ def stage_memory(
     return _stage(model, training, plan, stage, _shared(model, training, plan, calibration))
 
 
+class _Shared(NamedTuple):
+    """The terms every stage of a plan shares (computed once per plan), bytes."""
+
+    state_per_param: tuple[float, float, float]
+    microbatches: int
+    per_layer: float
+    embedding: float
+    head: float
+    logits: float
+    temporary: float
+    runtime_constant: float
+    allocator_fraction: float
+    margin_fraction: float
+
+
 def _shared(
     model: ModelSpec, training: TrainingSpec, plan: Plan, calibration: MemoryCalibration
-) -> tuple[float, ...]:
-    """The terms every stage of ``plan`` shares (computed once per plan)."""
+) -> _Shared:
     fw = resolve_framework(training.framework)
     constant = calibration.runtime_bytes if fw.runtime_bytes is None else fw.runtime_bytes
-    return (
-        *state_bytes_per_param(training, plan), num_microbatches(training, plan),
+    return _Shared(
+        state_bytes_per_param(training, plan), num_microbatches(training, plan),
         activation_bytes_per_layer(model, training, plan),
         _embedding_activation_bytes(model, training, plan),
         _last_stage_head_bytes(model, training, plan), logits_bytes(model, training, plan),
@@ -317,26 +332,27 @@ def _shared(
 
 
 def _stage(
-    model: ModelSpec, training: TrainingSpec, plan: Plan, stage: int, shared: tuple[float, ...]
+    model: ModelSpec, training: TrainingSpec, plan: Plan, stage: int, shared: _Shared
 ) -> MemoryBreakdown:
-    w_b, g_b, o_b, m, per_layer, embedding, head, last_logits, temporary, constant, fraction, margin_fraction = shared  # fmt: skip
+    w_b, g_b, o_b = shared.state_per_param
     params = stage_params_per_gpu(model, plan, stage)
-    units = in_flight_microbatches(plan, stage, int(m)) * plan.vpp
+    units = in_flight_microbatches(plan, stage, shared.microbatches) * plan.vpp
     # Interleaving: each in-flight unit is one chunk's micro-batch; with an uneven
     # split, count the stage's largest chunk for every unit (err high).
     chunk_layers = max(plan.layer_split[c * plan.pp + stage] for c in range(plan.vpp))
-    activations = units * chunk_layers * per_layer
+    activations = units * chunk_layers * shared.per_layer
     if stage == 0:
-        activations += math.ceil(units / plan.vpp) * embedding
+        activations += math.ceil(units / plan.vpp) * shared.embedding
     logits = 0.0
     if stage == plan.pp - 1:
-        activations += head
-        logits = last_logits
+        activations += shared.head
+        logits = shared.logits
     # Runtime: CUDA context + NCCL + workspaces (constant) and the caching allocator's
     # reserve, a fraction of the memory churned every micro-batch (fitted on BLOOM).
-    dynamic = activations + logits + temporary
-    runtime = constant + fraction * dynamic
-    margin = margin_fraction * dynamic  # dynamic_bytes
+    temporary = shared.temporary
+    dynamic = activations + logits + temporary  # MemoryBreakdown.dynamic_bytes
+    runtime = shared.runtime_constant + shared.allocator_fraction * dynamic
+    margin = shared.margin_fraction * dynamic
     return MemoryBreakdown(
         weights=params * w_b,
         gradients=params * g_b,
