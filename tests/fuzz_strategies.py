@@ -154,10 +154,10 @@ def search_space_fields(draw: st.DrawFn) -> dict[str, Any]:
 # ------------------------------------------------------------------ clusters
 @st.composite
 def generated_clusters(draw: st.DrawFn) -> ClusterSpec:
-    """A generator cluster (G1-G6) of 2-8 nodes and at most :data:`MAX_GPUS` GPUs."""
+    """A generator cluster (G1-G6) of 1-8 nodes (G4: 3-8) and at most :data:`MAX_GPUS` GPUs."""
     kind = draw(st.sampled_from(sorted(GENERATORS)))
     gpn = 8 if kind == "v100-cube" else draw(st.sampled_from([1, 2, 4, 8]))
-    nodes = draw(st.integers(3 if kind == "oversubscribed" else 2, min(8, MAX_GPUS // gpn)))
+    nodes = draw(st.integers(3 if kind == "oversubscribed" else 1, min(8, MAX_GPUS // gpn)))
     params: dict[str, Any] = {}
     if kind == "oversubscribed":
         params["pod_size"] = draw(st.integers(1, nodes - 1))

@@ -100,3 +100,22 @@ def test_communication_pairs_follow_megatron_groups(instance: Instance) -> None:
     assert (0, 2) in pairs["dp"] and (5, 7) in pairs["dp"]
     assert (0, 1) in pairs["tp"] and (0, 2) not in pairs["tp"]
     assert (2, 6) in pairs["embedding"]
+
+
+def test_checker_and_evaluator_agree_on_a_dp_ring_that_two_level_avoids() -> None:
+    """The replica-order DP ring crosses the failed pair 2 -> 1; NCCL's two-level
+    all-reduce (intra-node 0-1 and 2-3, inter-node 0-2 and 1-3) does not: runnable."""
+    from pipette_cp.cost.evaluate import Evaluator
+
+    instance = small_instance(nodes=2, gpus_per_node=2)
+    matrix = instance.cluster.bandwidth_bytes_per_s.copy()
+    matrix[2, 1] = 0.0
+    cluster = instance.cluster.model_copy(update={"bandwidth_bytes_per_s": matrix})
+    instance = instance.model_copy(update={"cluster": cluster})
+    plan = make_plan(num_layers=8, dp=4, pp=1, tp=1, micro_batch_size=1,
+                     placement=((0,), (2,), (1,), (3,)))  # fmt: skip
+    assert Evaluator(instance).iteration_time(plan) > 0
+    assert not check_plan(instance, plan)
+    ring_only = Evaluator(instance, dp_algorithm="ring")
+    with pytest.raises(InfeasibleError):
+        ring_only.iteration_time(plan)

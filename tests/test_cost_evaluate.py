@@ -268,7 +268,7 @@ CATALOGUE = [
     ("tp does not divide heads", GPT, {"dp": 2, "pp": 4, "tp": 3}, "plan.tp", ["tp=3", "num_attention_heads=16"]),
     ("tp does not divide kv heads", TIED_HEADS, {"dp": 2, "pp": 4, "tp": 4}, "plan.tp", ["tp=4", "num_kv_heads=2"]),
     ("tp larger than a node", GPT, {"dp": 1, "pp": 2, "tp": 16}, "plan.tp", ["tp=16", "gpus_per_node=8"]),
-    ("GPU count", GPT, {"dp": 2, "pp": 2, "tp": 2}, "plan.dp*pp*tp", ["8 GPUs", "32 GPUs"]),
+    ("GPU count", GPT, {"dp": 4, "pp": 4, "tp": 4}, "plan.dp*pp*tp", ["64 GPUs", "32 GPUs"]),
     ("batch", GPT, {"dp": 4, "pp": 4, "tp": 2, "micro_batch_size": 3}, "plan.micro_batch_size", ["dp=4", "micro_batch_size=3", "global_batch_size=64"]),
     ("layer split", GPT, {"dp": 4, "pp": 4, "tp": 2, "layer_split": (6, 6, 6, 5)}, "plan.layer_split", ["23 layers", "num_layers=24"]),
     ("vpp without pp", GPT, {"dp": 8, "pp": 1, "tp": 4, "vpp": 2}, "plan.vpp", ["vpp=2", "pp=1"]),

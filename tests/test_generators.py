@@ -283,7 +283,8 @@ def test_any_small_cluster_is_valid(kind: str, nodes: int, seed: int) -> None:
     ("call", "field"),
     [
         (lambda: generate("g7", nodes=4, seed=0), "generator.kind"),
-        (lambda: generate("g1", nodes=1, seed=0), "nodes"),
+        (lambda: generate("g1", nodes=0, seed=0), "nodes"),
+        (lambda: generate("g4", nodes=1, seed=0, pod_size=1), "nodes"),
         (lambda: generate("g1", nodes=4, seed=-1), "seed"),
         (
             lambda: generate("g4", nodes=32, seed=0, oversubscription=5),
@@ -321,8 +322,10 @@ def test_bad_parameters_raise_one_line_spec_error(call, field: str) -> None:
 def test_error_messages_name_the_allowed_values() -> None:
     with pytest.raises(SpecError, match=r"must be one of 2\.8, 7, 15"):
         generate("oversubscribed", nodes=32, seed=0, oversubscription=3)
-    with pytest.raises(SpecError, match=r"must be >= 2 for healthy-a100"):
-        generate("healthy-a100", nodes=1, seed=0)
+    with pytest.raises(SpecError, match=r"^nodes=0: must be >= 1$"):
+        generate("healthy-a100", nodes=0, seed=0)
+    with pytest.raises(SpecError, match=r"must be >= 2 for oversubscribed \(its pods"):
+        generate("oversubscribed", nodes=1, seed=0)
     with pytest.raises(SpecError, match="known: healthy-a100 \\(g1\\)"):
         generate("nope", nodes=4, seed=0)
 

@@ -35,6 +35,7 @@ EXACT = {
     "llama-2-13b": (13_015_864_320, "meta-llama/Llama-2-13b-hf safetensors metadata"),
     "llama-2-70b": (68_976_648_192, "meta-llama/Llama-2-70b-hf safetensors metadata"),
     "llama-3-8b": (8_030_261_248, "meta-llama/Meta-Llama-3-8B safetensors metadata"),
+    "llama-3.1-8b": (8_030_261_248, "meta-llama/Llama-3.1-8B safetensors metadata"),
     "llama-3-70b": (70_553_706_496, "meta-llama/Meta-Llama-3-70B safetensors metadata"),
     "llama-3.1-405b": (405_853_388_800, "meta-llama/Llama-3.1-405B safetensors metadata"),
     "mistral-7b": (7_241_732_096, "mistralai/Mistral-7B-v0.1 safetensors metadata"),

@@ -169,6 +169,6 @@ def test_more_time_is_advised_only_when_layouts_fit_and_time_ran_out(
 ) -> None:
     instance = small_instance()
     assert model_capacity(instance).fits
-    monkeypatch.setattr(loop, "_fallback", lambda *args, **kwargs: [])  # no default plan
+    monkeypatch.setattr(loop, "fallback", lambda *args, **kwargs: [])  # no default plan
     with pytest.raises(InfeasibleError, match=r"no plan within the time limit.*--time-limit"):
         search(instance, method="megatron-default", time_limit_s=1e-3)

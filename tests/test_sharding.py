@@ -174,7 +174,7 @@ def test_search_space_tries_hybrid_groups_where_they_divide_dp():
     inst = small_instance(nodes=2, gpus_per_node=4)
     space = SearchSpace(tp=(1,), pp=(1,), micro_batch_size=(1,), vpp=(1,), recompute=("none",),
                         sequence_parallel=(False,), flash_attention=(True,),
-                        dp_sharding=("none", "optim"), dp_shard_size=(3, 4))  # fmt: skip
+                        dp_sharding=("none", "optim"), dp_shard_size=(3, 4), use_all_gpus=True)  # fmt: skip
     labels = {p.layout() for p in enumerate_layouts(inst, space)}
     assert labels == {"dp8-pp1-tp1-mb1", "dp8-pp1-tp1-mb1-do", "dp8-pp1-tp1-mb1-do-hsdp4"}
 

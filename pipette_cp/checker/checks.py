@@ -11,8 +11,12 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
+from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.cost.memory import memory_by_stage, usable_memory_bytes
-from pipette_cp.errors import InfeasibleError
+from pipette_cp.cost.rings import best_ring, ring_links
+from pipette_cp.errors import InfeasibleError, PipetteError
 from pipette_cp.specs import Instance, Plan
 
 
@@ -88,15 +92,19 @@ def check_tp_within_node(instance: Instance, plan: Plan) -> list[Violation]:
     return found
 
 
-def communication_pairs(plan: Plan, tied_embeddings: bool) -> dict[str, set[tuple[int, int]]]:
+def communication_pairs(
+    plan: Plan, tied_embeddings: bool, bandwidth: np.ndarray | None = None
+) -> dict[str, set[tuple[int, int]]]:
     """Ordered GPU pairs that exchange data, by traffic class.
 
     pp: tp rank t of stage s to tp rank t of stage s+1 of the same replica, both
     directions (activations forward, gradients back); with interleaving the last
     stage also feeds stage 0 (next model chunk).  dp: the ring of each stage and
-    tp rank over the replicas in replica order, both directions.  tp: the ring
-    inside each unit.  embedding: first and last stage of a replica (tied
-    embeddings, pp > 1)."""
+    tp rank over the replicas in replica order, both directions.  tp: the links
+    ``u -> next(u)`` of the ring inside each unit, in rank order or, given the GPU x
+    GPU ``bandwidth``, in the order NCCL picks (:func:`~pipette_cp.cost.rings.best_ring`:
+    the ring the Evaluator charges).  embedding: first and last stage of a replica
+    (tied embeddings, pp > 1)."""
     pairs: dict[str, set[tuple[int, int]]] = {
         "pp": set(),
         "dp": set(),
@@ -124,24 +132,46 @@ def communication_pairs(plan: Plan, tied_embeddings: bool) -> dict[str, set[tupl
             for i, a in enumerate(ring):
                 both("dp", a, ring[(i + 1) % len(ring)])
     for unit in plan.placement:
-        for i, a in enumerate(unit):
-            both("tp", a, unit[(i + 1) % len(unit)])
+        pairs["tp"].update((a, b) for a, b in ring_links(_tp_ring(unit, bandwidth)) if a != b)
     return pairs
 
 
+def _tp_ring(unit: tuple[int, ...], bandwidth: np.ndarray | None) -> tuple[int, ...]:
+    """The unit's GPUs in ring order (rank order without ``bandwidth`` or valid ids)."""
+    if bandwidth is None or not all(0 <= g < len(bandwidth) for g in unit):
+        return unit
+    ids = np.asarray(unit)
+    order, _ = best_ring(bandwidth[ids[:, None], ids[None, :]])
+    return tuple(unit[i] for i in order)
+
+
 def check_no_failed_link(instance: Instance, plan: Plan) -> list[Violation]:
-    """No traffic over a failed (zero-bandwidth) GPU pair."""
+    """No traffic over a failed (zero-bandwidth) GPU pair (TP rings in NCCL's order:
+    a unit is fine while some ring of its GPUs avoids failed pairs)."""
     cluster = instance.cluster
     n = cluster.num_gpus
     failed = cluster.failed_mask
     found = []
-    for kind, pairs in communication_pairs(plan, instance.model.tied_embeddings).items():
+    tied, bandwidth = instance.model.tied_embeddings, cluster.bandwidth_bytes_per_s
+    for kind, pairs in communication_pairs(plan, tied, bandwidth).items():
         bad = sorted((a, b) for a, b in pairs if 0 <= a < n and 0 <= b < n and failed[a, b])
+        if bad and kind == "dp" and _two_level_avoids(instance, plan):
+            continue  # NCCL's two-level all-reduce runs without those pairs (as the Evaluator)
         if bad:
             found.append(
                 Violation("no_failed_link", f"{kind} traffic over failed GPU pairs {bad[:6]}")
             )
     return found
+
+
+def _two_level_avoids(instance: Instance, plan: Plan) -> bool:
+    """Whether the Evaluator runs the plan's DP syncs without a failed pair (the
+    two-level all-reduce where the replica-order ring crosses one)."""
+    try:
+        Evaluator(instance, validate=False).iteration_time(plan)
+    except PipetteError:
+        return False
+    return True
 
 
 def check_memory_limit(instance: Instance, plan: Plan) -> list[Violation]:

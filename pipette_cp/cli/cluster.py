@@ -116,6 +116,8 @@ def _settings(
     spec = resolve_gpu(gpu, "--gpu")
     values = matrix.bandwidth_bytes_per_s[~np.eye(len(matrix.names), dtype=bool)]
     alive = values[values > 0]
+    if nic_gb is None and not alive.size:  # e.g. one node: no pair to take a median of
+        raise SpecError("--nic-gb-per-s", None, "needed: the matrix has no live inter-node pair")
     median_gb = float(np.median(alive)) / GB if alive.size else 1.0
     settings: dict[str, Any] = {
         "name": Path(source).stem,

@@ -32,12 +32,16 @@ def list_(
 ) -> None:
     """List bundled instances, models, GPU types or cluster generators."""
     if what is Catalogue.gpus:
-        table = Table("name", "memory GiB", "peak TFLOP/s", "HBM GB/s", "NVLink GB/s (1 dir)")
+        table = Table(
+            "name", "memory GiB", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GB/s", "NVLink GB/s (1 dir)"
+        )
         for gpu in GPU_CATALOG.values():
+            fp8 = gpu.peak_fp8_flops_per_s
             table.add_row(
                 gpu.name,
                 f"{gpu.memory_bytes / 2**30:.1f}",
                 f"{gpu.peak_flops_per_s / 1e12:.0f}",
+                f"{fp8 / 1e12:.0f}" if fp8 is not None else "-",
                 f"{gpu.hbm_bandwidth_bytes_per_s / 1e9:.0f}",
                 f"{gpu.nvlink_bandwidth_bytes_per_s / 1e9:.0f}",
             )

@@ -31,8 +31,10 @@ from pipette_cp.cli.progress import search_progress
 from pipette_cp.cli.robust import QuantileOption, SnapshotsOption, solve_robust
 from pipette_cp.errors import SpecError
 from pipette_cp.io.instance_file import DEFAULT_INSTANCE
-from pipette_cp.report.plans import plans_json, plans_table
+from pipette_cp.report.plans import GAP_LEGEND, plans_json, plans_table
 from pipette_cp.search.loop import default_time_limit_s
+from pipette_cp.search.rerank import plan_time
+from pipette_cp.search.selection import check_selection, idle_nodes
 from pipette_cp.search.snapshots import check_quantile
 from pipette_cp.solvers import METHODS
 from pipette_cp.specs import Instance, Plan, SearchSpace, validate_spec
@@ -47,7 +49,7 @@ def _ints(option: str, text: str | None) -> tuple[int, ...] | None:
         raise SpecError(option, text, "expected comma-separated integers, e.g. 1,2,4") from None
 
 
-def _override(space: SearchSpace, **lists: tuple | None) -> SearchSpace:
+def _override(space: SearchSpace, **lists: object) -> SearchSpace:
     update = {k: v for k, v in lists.items() if v is not None}
     if not update:
         return space
@@ -87,6 +89,31 @@ def solve(
             "--dp-shard-size", help="Hybrid sharding (HSDP) shard-group sizes to try, e.g. 8."
         ),
     ] = None,
+    exclude_node: Annotated[
+        list[str] | None,
+        typer.Option("--exclude-node", help="A node (host name) that holds no rank; repeatable."),
+    ] = None,
+    min_gpus: Annotated[
+        int | None,
+        typer.Option(
+            "--min-gpus",
+            help="Fewest GPUs a layout may use [default: all but a few nodes: 1 per 8, 1-4].",
+        ),
+    ] = None,
+    use_all_gpus: Annotated[
+        bool | None,
+        typer.Option(
+            "--all-gpus/--any-gpus",
+            help="Every GPU of the nodes not excluded / any count down to --min-gpus "
+            "[default: whole nodes may stay idle].",
+        ),
+    ] = None,
+    objective: Annotated[
+        str | None,
+        typer.Option(
+            "--objective", help="time (default) or throughput-per-gpu (GPU-seconds per step)."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plans as JSON.")] = False,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Write the best plan (JSON).")
@@ -116,7 +143,10 @@ def solve(
         micro_batch_size=_ints("--mb", mb), vpp=_ints("--vpp", vpp),
         dp_sharding=None if dp_sharding is None else tuple(dp_sharding.split(",")),
         dp_shard_size=_ints("--dp-shard-size", dp_shard_size),
+        exclude_nodes=None if exclude_node is None else tuple(exclude_node),
+        min_gpus=min_gpus, use_all_gpus=use_all_gpus, objective=objective,
     )  # fmt: skip
+    check_selection(inst, space)
     limit = time_limit if time_limit is not None else default_time_limit_s(inst)
     budget = search_budget(limit, STARTED_AT)
     if snapshots:  # plans robust over bandwidth snapshots (pipette_cp/cli/robust.py)
@@ -144,6 +174,7 @@ def solve(
     s = result.stats
     console.print(assumptions(inst, replace), highlight=False)
     console.print(plans_table(plans, f"Top plans for {inst.name} ({method})"))
+    console.print(GAP_LEGEND, style="dim", highlight=False)
     best = plans[0]
     steps = inst.training.global_batch_size // (best.dp * best.micro_batch_size)
     console.print(
@@ -153,6 +184,10 @@ def solve(
         + (f"; best plan written to {out}" if out else ""),
         highlight=False,
     )
+    idle = idle_nodes(inst.model_copy(update={"search_space": space}), best,
+                      s.best_by_gpus, s.bound_by_gpus).describe(plan_time(best))  # fmt: skip
+    if idle:
+        console.print(idle, highlight=False)
 
 
 def write_plan(

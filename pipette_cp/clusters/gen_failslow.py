@@ -109,7 +109,8 @@ def failslow(
     rng : numpy.random.Generator
         The random stream.
     nodes : int
-        Number of servers (>= 2).
+        Number of servers (>= 1).  One node has no node pair to slow or to drift:
+        every snapshot is the base generator's node.
     gpus_per_node : int
         GPUs per server, passed to the base generator.
     correlation : float
@@ -171,7 +172,8 @@ def failslow(
         i, j, a = fabric.outlier
         structure[i, j] += a / 2.0
         structure[j, i] -= a / 2.0
-    off = structure[~np.eye(nodes, dtype=bool)]
-    fabric.extra_transient_sigma = math.sqrt(float(off.var()) * (1.0 - rho) / rho)
+    off = structure[~np.eye(nodes, dtype=bool)]  # empty for one node: no structure to vary
+    variance = float(off.var()) if off.size else 0.0
+    fabric.extra_transient_sigma = math.sqrt(variance * (1.0 - rho) / rho)
     fabric.events = events
     return fabric

@@ -66,7 +66,8 @@ def degraded(
     rng : numpy.random.Generator
         The random stream.
     nodes : int
-        Number of servers (>= 2; the fractions below are met from about 16 nodes).
+        Number of servers (>= 1; the fractions below are met from about 16 nodes).  One
+        node has no node pair to degrade or fail: it is the base generator's node.
     gpus_per_node : int
         GPUs per server, passed to the base generator.
     base : str
@@ -148,7 +149,7 @@ def oversubscribed(
     rng : numpy.random.Generator
         The random stream.
     nodes : int
-        Number of servers (> ``pod_size``: at least two pods).
+        Number of servers (> ``pod_size``: at least two pods, so one node is refused).
     gpus_per_node, gpu, nics_per_node, nic_gbytes_per_s, intra_node_gbytes_per_s
         As :func:`~pipette_cp.clusters.gen_healthy.healthy_a100` (G1).
     pod_size : int
@@ -170,6 +171,10 @@ def oversubscribed(
     common = replace(common, nic_gbytes_per_s=float(common.nic_gbytes_per_s))
     intra = bandwidth(f"{kind}.intra_node_gbytes_per_s", intra_node_gbytes_per_s)
     pod = integer(f"{kind}.pod_size", pod_size, 1)
+    if nodes == 1:
+        raise SpecError(
+            "nodes", nodes, f"must be >= 2 for {kind} (its pods meet only across node pairs)"
+        )
     if nodes <= pod:
         raise SpecError("nodes", nodes, f"must be > pod_size={pod} for {kind} (two pods at least)")
     ratio = choice(f"{kind}.oversubscription", oversubscription, OVERSUBSCRIPTIONS)

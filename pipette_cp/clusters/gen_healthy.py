@@ -84,7 +84,7 @@ def healthy_a100(
     rng : numpy.random.Generator
         The random stream (``numpy.random.default_rng(seed)``).
     nodes : int
-        Number of servers (>= 2).
+        Number of servers (>= 1; one node has no inter-node pair).
     gpus_per_node : int
         GPUs per server (8 on Azure NDv4/NDmv4).
     gpu : str
@@ -137,7 +137,7 @@ def h100_multileaf(
     rng : numpy.random.Generator
         The random stream.
     nodes : int
-        Number of servers (>= 2).
+        Number of servers (>= 1; one node has no inter-node pair).
     gpus_per_node : int
         GPUs per server (8 in xxrjun/nccl-tests-cluster example-cluster01).
     gpu : str
@@ -154,7 +154,7 @@ def h100_multileaf(
         NVSwitch pair bandwidth, GB/s: 367 (example-cluster01 single-node
         ``sendrecv_perf`` at G=8, median peak bus bandwidth of 10 nodes 367.2).
     mean_leaf_size : float
-        Leaves = ``ceil(nodes / mean_leaf_size)`` (at least 2).
+        Leaves = ``ceil(nodes / mean_leaf_size)`` (at least 2 from two nodes on).
     leaf_concentration : float
         Dirichlet concentration of the leaf sizes; small = very uneven (the real
         10-node cluster has leaves of 7, 2 and 1 nodes).
@@ -229,7 +229,7 @@ def v100_cube(
     rng : numpy.random.Generator
         The random stream.
     nodes : int
-        Number of servers (>= 2).
+        Number of servers (>= 1; one node has no inter-node pair).
     gpus_per_node : int
         Must be 8 (the cube mesh is an 8-GPU topology).
     gpu : str

@@ -43,7 +43,8 @@ def filled_groups(nodes: int, group_size: int) -> np.ndarray:
 def uneven_groups(
     rng: np.random.Generator, nodes: int, mean_size: float, concentration: float
 ) -> np.ndarray:
-    """Group ids for ``ceil(nodes / mean_size)`` groups (at least 2) of uneven sizes.
+    """Group ids for ``ceil(nodes / mean_size)`` groups (at least 2, unless there is only
+    one node) of uneven sizes.
 
     Sizes are ``1 + multinomial(nodes - k, dirichlet(concentration))``: every group
     holds at least one node; a small ``concentration`` makes the sizes very uneven

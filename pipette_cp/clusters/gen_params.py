@@ -200,7 +200,7 @@ def leaf_generator(
     ``gpus_per_node`` (default 8), ``gpu``, ``nics_per_node`` and ``nic_gbytes_per_s``
     (defaults given here), ``func``'s own parameters, then the noise parameters
     (:data:`NOISE_DEFAULTS`, ``noise`` overriding some); its signature lists them all
-    (:func:`parameters_of` reads it).  It checks ``nodes >= 2``, ``gpus_per_node >= 1``,
+    (:func:`parameters_of` reads it).  It checks ``nodes >= 1``, ``gpus_per_node >= 1``,
     ``nics_per_node >= 1`` and ``nic_gbytes_per_s`` in (0, 1e4], then calls ``func``
     with the common ones as a :class:`Common`.  ``{noise}`` in ``func``'s docstring
     becomes :data:`NOISE_DOC`.
@@ -232,7 +232,7 @@ def leaf_generator(
                 **{p.name: values.pop(p.name) for p in head},
                 noise={name: values.pop(name) for name in noise_defaults},
             )
-            integer("nodes", common.nodes, 2, f"for {kind} (a bandwidth matrix needs two nodes)")
+            integer("nodes", common.nodes, 1)
             integer("gpus_per_node", common.gpus_per_node, 1)
             integer(f"{kind}.nics_per_node", common.nics_per_node, 1)
             for name in ("gpus_per_node", "nics_per_node"):

@@ -110,11 +110,12 @@ def cross_group_ratio_all(matrix: np.ndarray, groups: Sequence[int] | None) -> f
 
 
 def measure(cluster: ClusterSpec) -> dict[str, float | None]:
-    """Every statistic a :class:`Targets` can name, for one cluster (snapshot)."""
+    """Every statistic a :class:`Targets` can name, for one cluster (snapshot); all None
+    for one node (no node pair: nothing to measure, so no target is failed)."""
     matrix = cluster.node_matrix()
     stats = asdict(cluster_stats(cluster))
     asym = np.sort(asymmetries(matrix))
-    return {
+    measured: dict[str, float | None] = {
         "healthy_cv": stats["healthy_cv"],
         "noise_cv": noise_cv(matrix, cluster.node_groups),
         "degraded_fraction": stats["degraded_fraction"],
@@ -126,6 +127,7 @@ def measure(cluster: ClusterSpec) -> dict[str, float | None]:
         "cross_group_ratio": stats["cross_vs_same_group_ratio"],
         "cross_group_ratio_all": cross_group_ratio_all(matrix, cluster.node_groups),
     }
+    return measured if stats["num_pairs"] else dict.fromkeys(measured, None)
 
 
 def consecutive_correlations(timeline: Sequence[ClusterSpec]) -> list[float]:
@@ -136,8 +138,8 @@ def consecutive_correlations(timeline: Sequence[ClusterSpec]) -> list[float]:
 
 def measure_timeline(timeline: Sequence[ClusterSpec]) -> dict[str, float | None]:
     """:func:`measure` of the first snapshot, plus ``snapshot_correlation``: the mean of
-    the consecutive-snapshot correlations (None for a single snapshot)."""
+    the consecutive-snapshot correlations (None for a single snapshot or node)."""
     out = measure(timeline[0])
-    corr = consecutive_correlations(timeline)
+    corr = consecutive_correlations(timeline) if timeline[0].num_nodes > 1 else []
     out["snapshot_correlation"] = float(np.mean(corr)) if corr else None
     return out

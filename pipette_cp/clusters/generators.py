@@ -239,7 +239,7 @@ def _fabric(
     kind: str, nodes: int, seed: int, gpus_per_node: int | None, params: dict[str, Any]
 ) -> tuple[GeneratorInfo, Fabric, np.random.Generator]:
     info = generator_info(kind)
-    integer("nodes", nodes, 2, f"for {info.kind} (a bandwidth matrix needs two nodes)")
+    integer("nodes", nodes, 1)
     integer("seed", seed, 0)
     if gpus_per_node is not None:
         params = {**params, "gpus_per_node": gpus_per_node}
@@ -271,7 +271,8 @@ def generate(
     kind : str
         A key of :data:`GENERATORS` or its alias ``g1`` ... ``g6``.
     nodes : int
-        Number of servers (>= 2; statistics match their targets from ~16).
+        Number of servers (>= 1: one node is a single NVLink domain with no node pairs;
+        ``oversubscribed`` needs two pods; statistics match their targets from ~16).
     seed : int
         Seed of ``numpy.random.default_rng``; same seed, same cluster.
     gpus_per_node : int, optional

@@ -4,7 +4,9 @@ All statistics work on the *node-pair* matrix (inter-node links only): the
 real measurements are per node pair, and so are the targets the generators
 must reproduce.  A pair is *failed* when its bandwidth is 0, *degraded* when
 it delivers less than ``DEGRADED_BELOW`` x the median of the non-failed pairs,
-and *healthy* otherwise.
+and *healthy* otherwise.  A one-node cluster has no node pair: its statistics say
+``num_pairs=0`` and hold the values of an empty set (median 0, no degraded or failed
+pair, no asymmetry, no group ratio).
 """
 
 from __future__ import annotations
@@ -43,10 +45,11 @@ def off_diagonal(matrix: np.ndarray) -> np.ndarray:
 
 
 def matrix_stats(matrix: np.ndarray, groups: tuple[int, ...] | None = None) -> BandwidthStats:
-    """Statistics of a node x node matrix (bytes/s; 0 = failed; diagonal ignored)."""
-    n = matrix.shape[0]
-    if n < 2:
-        raise ValueError("statistics need at least two nodes")
+    """Statistics of a node x node matrix (bytes/s; 0 = failed; diagonal ignored).
+
+    >>> matrix_stats(np.zeros((1, 1))).num_pairs
+    0
+    """
     values = off_diagonal(matrix)
     alive = values > 0
     median = float(np.median(values[alive])) if alive.any() else 0.0
@@ -56,13 +59,14 @@ def matrix_stats(matrix: np.ndarray, groups: tuple[int, ...] | None = None) -> B
     cv = float(healthy_values.std() / healthy_values.mean()) if healthy_values.size > 1 else 0.0
     ratio = float(values[degraded].mean() / median) if degraded.any() else 1.0
     asym_mean, asym_max = _asymmetry(matrix)
+    pairs = max(values.size, 1)  # no pair (one node): fractions of an empty set are 0
     return BandwidthStats(
         num_pairs=int(values.size),
         median_bytes_per_s=median,
         healthy_cv=cv,
-        degraded_fraction=float(degraded.sum() / values.size),
+        degraded_fraction=float(degraded.sum() / pairs),
         degraded_ratio_mean=ratio,
-        failed_fraction=float((~alive).sum() / values.size),
+        failed_fraction=float((~alive).sum() / pairs),
         asymmetry_mean=asym_mean,
         asymmetry_max=asym_max,
         cross_vs_same_group_ratio=_group_ratio(matrix, groups, median),
@@ -104,6 +108,8 @@ def snapshot_correlation(first: np.ndarray, second: np.ndarray) -> float:
     snapshots of the same cluster, over pairs alive in both (docs/design.md: about 0.55)."""
     a, b = off_diagonal(first), off_diagonal(second)
     alive = (a > 0) & (b > 0)
+    if not alive.any():  # no pair (one node): nothing changed, as with no variation
+        return 1.0
     la, lb = np.log(a[alive]), np.log(b[alive])
     la, lb = la - np.median(la), lb - np.median(lb)
     if la.std() == 0 or lb.std() == 0:

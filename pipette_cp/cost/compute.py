@@ -296,8 +296,8 @@ def chunk_times(
     model, training, gpu, plan
         The job, the GPU type of the stage and the layout.
     tp_bandwidth_bytes_per_s
-        Bandwidth of the slowest link inside the tensor-parallel groups, bytes/s
-        (ignored when ``plan.tp == 1``).
+        Bottleneck of the slowest tensor-parallel group's ring (in NCCL's order,
+        :mod:`pipette_cp.cost.rings`), bytes/s (ignored when ``plan.tp == 1``).
     profile
         Measured per-layer times; when given, the plan's ``(tp, micro_batch_size)``
         must be in it and its times replace the analytic layer estimate (they

@@ -45,6 +45,7 @@ from pipette_cp.cost.memory import (
     usable_memory_bytes,
 )
 from pipette_cp.cost.pipeline import PipelineInputs, finish_iteration, pipeline_times
+from pipette_cp.cost.rings import group_bandwidths
 from pipette_cp.cost.simulator import Timeline, simulate_pipeline
 from pipette_cp.cost.simulator import simulate as simulate_inputs
 from pipette_cp.errors import InfeasibleError
@@ -113,7 +114,8 @@ class Evaluator:
     ``profile``: measured per-layer times (:mod:`pipette_cp.specs.profile`; default: the instance's).
     ``dp_algorithm``: ``"ring"`` (in replica order), ``"hierarchical"`` or ``"best"``
     (the faster per group, as NCCL's tuner picks; with one GPU of a group per node
-    they coincide and only the ring is costed).  ``validate``: whether
+    they coincide and only the ring is costed); a tensor-parallel group runs at its
+    best ring's bottleneck (:mod:`pipette_cp.cost.rings`).  ``validate``: whether
     :meth:`evaluate` and :meth:`iteration_time` call :func:`validate_layout` first
     (the placement-free part once per layout).
     """
@@ -267,12 +269,8 @@ class Evaluator:
         args = (pp, dp, tp, vpp, tied, fabric.num_nodes)
         f: FlowTemplate = self._cached(("flows", *args[:5]), partial(flow_template, *args))
         flat = gpus.ravel()
-        if tp > 1:  # tensor-parallel rings inside each unit: slowest link per stage
-            succ = flat[f.tp_next]
-            links = fabric.flat_bandwidth[flat * fabric.num_gpus + succ]
-            stage_bw = links.reshape(pp, -1).min(axis=1)
-            if not stage_bw.all():
-                comm.check_links(fabric, flat, succ, "a tensor-parallel group")
+        if tp > 1:  # each unit's TP ring in NCCL's order (rings); slowest unit per stage
+            stage_bw = group_bandwidths(fabric, gpus.reshape(-1, tp)).reshape(pp, -1).min(axis=1)
         else:
             stage_bw = np.zeros(pp)
         stage_gpu = [self._gpu_of_gpu[0]] * pp

@@ -56,9 +56,19 @@ CROSS_ENTROPY_BYTES = {False: (38.0, 22.0), True: (6.0, 4.0)}
 LOGITS_KEPT_BYTES = {False: 6.0, True: 2.0}
 
 
+#: Fused kernels built for NVIDIA GPUs only: FlashAttention 1 (CUDA only; the ROCm port
+#: of FlashAttention starts at version 2) and Transformer Engine's cuDNN attention.
+NVIDIA_ONLY_ATTENTION: tuple[AttentionKernel, ...] = ("flash1", "cudnn")
+#: The kernels an error message offers instead, in this order.
+ALTERNATIVES: tuple[AttentionKernel, ...] = (
+    "flash2", "flash1", "cudnn", "fused-softmax", "eager", "sdpa-math"
+)  # fmt: skip
+
+
 def is_hopper(gpu: GpuSpec) -> bool:
-    """Whether ``gpu`` is a Hopper part (H100, H200): FlashAttention 3 runs only there."""
-    return any(tag in gpu.name.upper() for tag in ("H100", "H200"))
+    """Whether ``gpu`` is a Hopper part (H100, H200): FlashAttention 3 runs only there
+    (Blackwell B200/GB200 and AMD MI300X are not Hopper)."""
+    return gpu.vendor == "NVIDIA" and any(tag in gpu.name.upper() for tag in ("H100", "H200"))
 
 
 def stack_kernel(training: TrainingSpec, gpu: GpuSpec, plan: Plan | None = None) -> AttentionKernel:
@@ -68,16 +78,25 @@ def stack_kernel(training: TrainingSpec, gpu: GpuSpec, plan: Plan | None = None)
     Raises
     ------
     SpecError
-        FlashAttention 3 on a GPU other than Hopper.
+        FlashAttention 3 on a GPU other than Hopper; FlashAttention 1 or cuDNN attention
+        on an AMD GPU.
     """
     named = plan.attention_kernel if plan is not None else None
     kernel = named or training.attention_kernel or ("cudnn" if is_hopper(gpu) else "flash2")
+    field = "plan.attention_kernel" if named else "training.attention_kernel"
+    amd = gpu.vendor != "NVIDIA"
+    refused = ("flash3", *NVIDIA_ONLY_ATTENTION) if amd else ("flash3",)
+    others = ", ".join(k for k in ALTERNATIVES if k not in refused)
     if kernel == "flash3" and not is_hopper(gpu):
         raise SpecError(
-            "plan.attention_kernel" if named else "training.attention_kernel",
+            field,
             kernel,
             f"FlashAttention 3 runs on Hopper GPUs (H100, H200) only, not {gpu.name}; "
-            f"use one of flash2, flash1, cudnn, fused-softmax, eager, sdpa-math",
+            f"use one of {others}",
+        )
+    if amd and kernel in NVIDIA_ONLY_ATTENTION:
+        raise SpecError(
+            field, kernel, f"runs on NVIDIA GPUs only, not {gpu.name} (AMD); use one of {others}"
         )
     return kernel
 

@@ -18,6 +18,7 @@ import numpy as np
 from pipette_cp.errors import LayoutError
 from pipette_cp.specs.instance import Instance
 from pipette_cp.specs.plan import Plan
+from pipette_cp.specs.selection import excluded_nodes, usable_gpus
 
 
 def placement_array(plan: Plan) -> np.ndarray:
@@ -53,9 +54,14 @@ def check_knobs(instance: Instance, plan: Plan) -> None:
         raise LayoutError("plan.tp", tp, f"tp={tp} must divide num_attention_heads={heads}")
     if kv % tp:
         raise LayoutError("plan.tp", tp, f"tp={tp} must divide num_kv_heads={kv}")
-    if used != n if instance.search_space.use_all_gpus else used > n:
+    if used > n:
         raise LayoutError("plan.dp*pp*tp", used,
                           f"dp={dp} x pp={pp} x tp={tp} = {used} GPUs, but the cluster has {n} GPUs")  # fmt: skip
+    usable = usable_gpus(cluster, instance.search_space)
+    if used != usable if instance.search_space.use_all_gpus else used > usable:
+        raise LayoutError("plan.dp*pp*tp", used,
+                          f"dp={dp} x pp={pp} x tp={tp} = {used} GPUs, but the nodes not excluded "
+                          f"have {usable} GPUs" + (" (use_all_gpus: true)" if used < usable else ""))  # fmt: skip
     if gbs % (dp * mb):
         raise LayoutError("plan.micro_batch_size", mb,
                           f"dp={dp} x micro_batch_size={mb} = {dp * mb} must divide global_batch_size={gbs}")  # fmt: skip
@@ -98,6 +104,15 @@ def check_placement(instance: Instance, plan: Plan, gpus: np.ndarray) -> None:
         raise LayoutError(
             "plan.placement", gpu, f"GPU {gpu} is used by units {users[0]} and {users[-1]}"
         )
+    if excluded := excluded_nodes(instance.cluster, instance.search_space):
+        on = np.isin(flat // g, excluded)
+        if on.any():
+            where = int(np.argmax(on))
+            name = instance.cluster.node_names[int(flat[where]) // g]
+            raise LayoutError(
+                f"plan.placement[{where // tp}]", int(flat[where]),
+                f"GPU {int(flat[where])} is on node {name}, which search_space.exclude_nodes excludes",
+            )  # fmt: skip
     if tp == 1:
         return
     nodes = units // g
@@ -139,13 +154,13 @@ class FlowTemplate(NamedTuple):
     last: int  # hops per direction
     ring_pos: np.ndarray  # (pp * tp, dp) DP rings
     parts: tuple[tuple[str, int, int], ...]  # (operation, start, end) for error messages
-    tp_next: np.ndarray  # successor of every position in its tensor-parallel ring
 
 
 def flow_template(pp: int, dp: int, tp: int, vpp: int, tied: bool, num_nodes: int) -> FlowTemplate:
     """Hops s -> s+1 and back (a concurrency group per hop and direction), all DP rings
-    (one group: they overlap at the end), the tied-embedding pairs (a group per
-    direction), and the TP rings inside the units (not NIC flows)."""
+    (one group: they overlap at the end) and the tied-embedding pairs (a group per
+    direction).  The TP rings inside the units are not NIC flows: their order is
+    NCCL's (:mod:`pipette_cp.cost.rings`), not a fixed template."""
     pos = np.arange(pp * dp * tp).reshape(pp, dp, tp)
     last = pp if vpp > 1 else pp - 1  # interleaving adds the hop from the last stage to 0
     here, nxt = pos[:last], np.concatenate((pos[1:], pos[:1]))[:last]
@@ -168,9 +183,8 @@ def flow_template(pp: int, dp: int, tp: int, vpp: int, tied: bool, num_nodes: in
     dst = np.concatenate([c[2].ravel() for c in chunks])
     group = np.concatenate([np.broadcast_to(c[3], c[1].shape).ravel() for c in chunks])
     parts = tuple((c[0], ends[i], ends[i + 1]) for i, c in enumerate(chunks))
-    tp_next = np.concatenate((pos[:, :, 1:], pos[:, :, :1]), axis=2).ravel()
     out = FlowTemplate(src, dst, group * num_nodes, (2 * pp + 3) * num_nodes,
-                       (ends[2], ends[3], ends[5]), last, rings, parts, tp_next)  # fmt: skip
-    for a in (out.src, out.dst, out.offset, out.ring_pos, out.tp_next):
+                       (ends[2], ends[3], ends[5]), last, rings, parts)  # fmt: skip
+    for a in (out.src, out.dst, out.offset, out.ring_pos):
         a.flags.writeable = False
     return out

@@ -21,7 +21,8 @@ nccl-tests prints it, us), converted to SI once, here::
 Instead of ``gpu``, a mixed cluster lists ``node_gpu_types`` (one name or
 mapping per node).  Instead of ``node_bandwidth_gb_per_s``, a file holds either
 ``gpu_bandwidth_gb_per_s`` (the full GPU x GPU matrix) or ``nominal: true``
-with ``inter_node_bandwidth_gb_per_s`` and ``num_nodes`` or ``node_names``.
+with ``inter_node_bandwidth_gb_per_s`` and ``num_nodes`` or ``node_names`` (one
+node may give none of them, and then its ``nic_bandwidth_gb_per_s``).
 :func:`write_cluster_file` writes the node form when the GPU matrix is exactly
 a node expansion, ``nominal`` when in addition all node pairs are equal, and
 the GPU form otherwise.  CSV matrices and Pipette's JSON are in
@@ -104,13 +105,16 @@ def cluster_from_mapping(data: dict[str, Any], where: str = "cluster") -> Cluste
     if data.get("format", FORMAT) != FORMAT:
         raise SpecError(f"{where}.format", data["format"], f"expected {FORMAT!r}")
     given = [k for k in MATRIX_KEYS if data.get(k) not in (None, False)]
-    if len(given) != 1:
+    names = data.get("node_names")
+    one_node = not given and (len(names) if isinstance(names, list) else data.get("num_nodes")) == 1
+    if len(given) != 1 and not one_node:
         raise SpecError(where, given, f"give exactly one of {', '.join(MATRIX_KEYS)}")
     g = _positive_int(data, "gpus_per_node", where)
     if g > MAX_GPUS_PER_NODE:
         raise SpecError(f"{where}.gpus_per_node", g, f"at most {MAX_GPUS_PER_NODE} are modelled")
-    names = data.get("node_names")
-    if given[0] == "gpu_bandwidth_gb_per_s":
+    if one_node:  # no inter-node pair: a 1 x 1 node matrix
+        given, node_matrix, n = ["node_bandwidth_gb_per_s"], np.zeros((1, 1)), 1
+    elif given[0] == "gpu_bandwidth_gb_per_s":
         gpu_matrix = bandwidth_rows(data[given[0]], f"{where}.{given[0]}")
         if gpu_matrix.shape[0] % g:
             raise SpecError(
@@ -140,6 +144,9 @@ def cluster_from_mapping(data: dict[str, Any], where: str = "cluster") -> Cluste
         gpu_matrix = _expand(node_matrix, data, gpus, g, where)
     nics = data.get("nics_per_node", g)
     nic = _number(data, "nic_bandwidth_gb_per_s", where)
+    if nic is None and n == 1:
+        raise SpecError(f"{where}.nic_bandwidth_gb_per_s", nic, "needed for one node "
+                        "(no inter-node pair to take the median of)")  # fmt: skip
     if nic is None:  # one stream saturates one NIC: the median healthy inter-node pair
         off = gpu_matrix[~_same_node(n, g)]
         nic = float(np.median(off[off > 0])) / GB if (off > 0).any() else 0.0

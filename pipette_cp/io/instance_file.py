@@ -42,6 +42,7 @@ from pipette_cp.specs import (
     TrainingSpec,
     validate_spec,
 )
+from pipette_cp.specs.selection import gpu_totals
 
 #: The instance `pipette-cp solve` uses when none is named.
 DEFAULT_INSTANCE = "gpt3-2.7b-g1-64"
@@ -180,7 +181,7 @@ def instance_from_mapping(
     for part in ("model", "cluster", "training"):
         if part not in data:
             raise SpecError(part, None, "missing; every instance needs model, cluster and training")
-    return Instance(
+    instance = Instance(
         name=str(data.get("name") or default_name),
         description=str(data.get("description") or ""),
         family=str(data.get("family") or ""),
@@ -195,6 +196,8 @@ def instance_from_mapping(
         ),
         profile=_profile(data["profile"], base_dir) if data.get("profile") else None,
     )
+    gpu_totals(instance.cluster, instance.search_space)  # excluded nodes exist, min_gpus fits
+    return instance
 
 
 def _profile(value: Any, base_dir: Path) -> LayerProfile:

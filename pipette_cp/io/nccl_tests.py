@@ -382,12 +382,15 @@ def failed_tests(logs: Iterable[NcclLog]) -> tuple[tuple[str, str, str], ...]:
 
 def gpu_from_device_name(devices: Sequence[str]) -> GpuSpec:
     """The catalogue GPU of the most common nccl-tests device name
-    (``NVIDIA H100 80GB HBM3`` -> H100-SXM5-80GB).  PCIe cards and unknown models
+    (``NVIDIA H100 80GB HBM3`` -> H100-SXM5-80GB, ``NVIDIA GB200`` -> GB200-NVL72-186GB,
+    ``AMD Instinct MI300X`` -> MI300X-OAM-192GB).  PCIe cards and unknown models
     raise :class:`SpecError`: pass the GPU explicitly then."""
     if not devices:
         raise SpecError("gpu", None, "the logs name no device; pass the GPU type explicitly")
     name = Counter(devices).most_common(1)[0][0]
-    model = re.search(r"\b([VAHB]\d{2,3})\b", name.replace("-", " "), re.IGNORECASE)
+    model = re.search(
+        r"\b(GB\d{3}|MI\d{3}X?|[VAHB]\d{2,3})\b", name.replace("-", " "), re.IGNORECASE
+    )
     memory = re.search(r"(\d+)\s*GB", name, re.IGNORECASE)
     if model is None or "pcie" in name.lower():
         raise SpecError(

@@ -30,7 +30,7 @@ def plans_table(plans: list[Plan], title: str = "Top plans") -> Table:
         collapse_padding=True,
     )
     for col, justify in (
-        ("#", "right"), ("layout", "left"), ("split", "left"), ("iter s", "right"),
+        ("#", "right"), ("layout", "left"), ("GPUs", "right"), ("split", "left"), ("iter s", "right"),
         ("tokens/s", "right"), ("MFU", "right"), ("mem GB", "right"), ("margin", "right"),
         ("gap", "right"),
     ):  # fmt: skip
@@ -41,6 +41,7 @@ def plans_table(plans: list[Plan], title: str = "Top plans") -> Table:
         table.add_row(
             str(rank),
             plan.layout(),
+            str(plan.num_gpus),
             _split(plan),
             f"{ev.iteration_time_s:.3f}",
             f"{ev.tokens_per_s / 1e3:,.0f}k",
@@ -60,6 +61,15 @@ def _gap(plan: Plan) -> str:
     if info.status == "optimal":
         return "opt"
     return "-" if info.gap is None else f"{info.gap:.1%}"
+
+
+#: What the gap column says (printed under the table).
+GAP_LEGEND = (
+    "gap: opt = the placement is proven optimal for its layout and layer split under the "
+    "analytic model; x % = proven within x % of the best placement; - = no valid bound "
+    "(the two-level all-reduce or mixed GPU types lie outside the master model); "
+    "heur = a heuristic plan"
+)
 
 
 def plans_json(plans: list[Plan]) -> list[dict[str, Any]]:

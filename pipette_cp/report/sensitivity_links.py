@@ -21,9 +21,9 @@ def plan_links(instance: Instance, plan: Plan) -> dict[tuple[int, int], tuple[st
     traffic classes on each (pp, dp, tp, embedding).
 
     The checker's :func:`communication_pairs` (pipeline hops, replica-order DP
-    rings, TP rings, embedding pairs) plus, per DP group, the intra-node and
-    inter-node rings of the two-level all-reduce (members sorted by node, as in
-    :func:`pipette_cp.cost.comm.hierarchical_times_s`).
+    rings, TP rings in NCCL's order, embedding pairs) plus, per DP group, the
+    intra-node and inter-node rings of the two-level all-reduce (members sorted by
+    node, as in :func:`pipette_cp.cost.comm.hierarchical_times_s`).
     """
     kinds: dict[tuple[int, int], set[str]] = {}
 
@@ -31,7 +31,8 @@ def plan_links(instance: Instance, plan: Plan) -> dict[tuple[int, int], tuple[st
         if a != b:
             kinds.setdefault((min(a, b), max(a, b)), set()).add(kind)
 
-    for kind, pairs in communication_pairs(plan, instance.model.tied_embeddings).items():
+    bandwidth = instance.cluster.bandwidth_bytes_per_s  # TP rings in NCCL's order
+    for kind, pairs in communication_pairs(plan, instance.model.tied_embeddings, bandwidth).items():
         for a, b in pairs:
             add(kind, a, b)
     g = instance.cluster.gpus_per_node

@@ -93,6 +93,8 @@ def cluster_table(cluster: ClusterSpec, slowest: int = 5) -> Group:
         ),
         ("source", cluster.source or "-"),
     ]
+    if cluster.num_nodes == 1:
+        rows.insert(3, ("inter-node", "none (one node: every transfer stays inside it)"))
     parts: list = [_kv_table(f"Cluster {cluster.name}", rows)]
     if cluster.num_nodes > 1:
         stats = cluster_stats(cluster)

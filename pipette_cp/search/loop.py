@@ -29,8 +29,17 @@ from pipette_cp.cost.evaluate import Evaluator, validate_layout
 from pipette_cp.errors import InfeasibleError, LayoutError, PipetteError, SolverTimeoutError
 from pipette_cp.search.bounds import memory_check, time_lower_bound
 from pipette_cp.search.capacity import capacity_error, knob_hints
+from pipette_cp.search.fallback import fallback
 from pipette_cp.search.rerank import plan_time, rerank
-from pipette_cp.search.space import check_degrees, enumerate_layouts
+from pipette_cp.search.selection import (
+    Weight,
+    lift,
+    node_preference,
+    objective_weight,
+    on_preferred_nodes,
+    restrict,
+)
+from pipette_cp.search.space import check_degrees, enumerate_layouts, gpu_counts
 from pipette_cp.search.sweep import SWEPT_METHODS, Candidate, sweep
 from pipette_cp.solvers import SolveOptions, get_method
 from pipette_cp.solvers.extensions import ConstraintFamily, family_violations
@@ -48,8 +57,8 @@ SCORE_SHARE = 0.4
 MIN_SCORED = 32
 #: Share of the budget for the greedy sweep before the exact solves (cpsat, milp).
 SWEEP_SHARE = 0.2
-#: Skeletons the greedy fallback tries when no solve succeeded and no default fits.
-FALLBACK_TRIES = 8
+#: Skeletons on every usable GPU placed greedily for the idle-node report.
+REFERENCE_TRIES = 3
 #: Share of the budget after which bounding the layouts stops (the rest are not tried).
 BOUND_SHARE = 0.3
 #: Least time a solve is started with, per GPU of the cluster (its fixed costs: 4,096
@@ -80,6 +89,10 @@ class SearchStats:
     smallest_deficit_bytes: float = math.inf
     deficit_layout: str = ""
     notes: list[str] = field(default_factory=list)
+    #: per GPU total: the least time lower bound of a layout that may fit, s
+    bound_by_gpus: dict[int, float] = field(default_factory=dict)
+    #: per GPU total: the fastest fitting plan found, s
+    best_by_gpus: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -116,6 +129,13 @@ def search(
     """
     start = time.perf_counter()
     space = space or instance.search_space
+    if space != instance.search_space:  # the evaluator and checker read the instance's
+        instance = instance.model_copy(update={"search_space": space})
+    if space.exclude_nodes:  # every method sees only the nodes left; plans mapped back
+        sub, kept = restrict(instance)
+        found = search(sub, method=method, top_k=top_k, time_limit_s=time_limit_s, seed=seed,
+                       max_solves=max_solves, progress=progress, constraints=constraints)  # fmt: skip
+        return SearchResult([lift(p, kept) for p in found.plans], found.stats)
     check_degrees(instance, space)  # a space with no (dp, pp, tp) is bad input, not "nothing fits"
     too_big = capacity_error(instance, space)
     if too_big:  # no layout can fit: say so before enumerating them
@@ -125,11 +145,16 @@ def search(
     solve = get_method(method)
     notify = progress or (lambda phase, done, total: None)
     stats = SearchStats()
+    weight = objective_weight(space)
     evaluator = Evaluator(instance, validate=False)
     survivors: list[tuple[float, Plan]] = []
     # most model parallelism first: when the budget stops the bounding early, the
     # layouts most likely to fit a large model have been bounded
-    layouts = sorted(enumerate_layouts(instance, space), key=lambda p: -p.tp * p.pp)
+    layouts = sorted(enumerate_layouts(instance, space), key=lambda p: (-p.tp * p.pp, -p.num_gpus))
+    order = node_preference(instance.cluster)  # layouts that leave nodes idle: the best nodes
+    everything = instance.cluster.num_gpus
+    layouts = [p if p.num_gpus == everything else on_preferred_nodes(p, instance.cluster, order)
+               for p in layouts]  # fmt: skip
     stats.layouts = len(layouts)
     bound_until = start + BOUND_SHARE * time_limit_s
     for i, plan in enumerate(layouts):
@@ -154,7 +179,10 @@ def search(
                     plan.layout(),
                 )
             continue
-        survivors.append((time_lower_bound(instance, plan), plan))
+        bound = time_lower_bound(instance, plan)
+        total = plan.num_gpus
+        stats.bound_by_gpus[total] = min(bound, stats.bound_by_gpus.get(total, math.inf))
+        survivors.append((bound * weight(plan), plan))
     if not survivors and stats.skipped_budget:
         raise SolverTimeoutError(
             f"the time limit of {time_limit_s:g} s ran out while bounding the layouts: none of "
@@ -165,13 +193,13 @@ def search(
         raise InfeasibleError(_nothing_fits(instance, space, stats))
     survivors.sort(key=lambda item: item[0])
     score_until = start + SCORE_SHARE * time_limit_s
-    candidates = _score(evaluator, survivors, stats, notify, score_until)
+    candidates = _score(evaluator, survivors, stats, notify, score_until, weight)
     options = SolveOptions(seed=seed, constraints=tuple(constraints))
     pool: list[Plan] = []
     if method in SWEPT_METHODS:
         notify("sweep", 0, len(candidates))
         until = time.perf_counter() + SWEEP_SHARE * time_limit_s
-        pool, candidates = sweep(instance, evaluator, candidates, options, until)
+        pool, candidates = sweep(instance, evaluator, candidates, options, until, weight)
         stats.notes.append(f"greedy sweep: {len(pool)} plans")
     plans = pool + _solve_all(
         instance,
@@ -184,11 +212,12 @@ def search(
         SOLVE_SHARE * time_limit_s,
         options,
         max_solves,
-        min((plan_time(p) for p in pool), default=math.inf),
+        weight,
+        min((plan_time(p) * weight(p) for p in pool), default=math.inf),
     )
     end = start + time_limit_s
     if not plans:  # every solve failed or ran out of time: the scored skeletons remain
-        plans = _fallback(evaluator, candidates, options, method, top_k, end)
+        plans = fallback(evaluator, candidates, options, method, top_k, end)
         stats.notes.append(f"{method} returned no plan in time: Megatron's defaults returned")
     if not plans and stats.solved == 0 and stats.skipped_budget:
         raise InfeasibleError(
@@ -205,13 +234,52 @@ def search(
             + ", ".join(knob_hints(space))
             + ", or try another --method or a longer --time-limit"
         )
-    ranked = rerank(evaluator, plans, top_k, notify, until=end)
+    plans += _all_gpus_reference(instance, evaluator, plans, candidates, options, stats, end)
+    for plan in plans:
+        total, seconds = plan.num_gpus, plan_time(plan)
+        stats.best_by_gpus[total] = min(seconds, stats.best_by_gpus.get(total, math.inf))
+    ranked = rerank(evaluator, plans, top_k, notify, until=end, weight=weight)
     stats.wall_time_s = time.perf_counter() - start
     return SearchResult(ranked, stats)
 
 
+def _all_gpus_reference(
+    instance: Instance,
+    evaluator: Evaluator,
+    plans: list[Plan],
+    candidates: list[Candidate],
+    options: SolveOptions,
+    stats: SearchStats,
+    until: float,
+) -> list[Plan]:
+    """When the best plan leaves GPUs idle and no plan on every usable GPU was found:
+    greedy plans of the best-scored such skeletons (at most :data:`REFERENCE_TRIES`, 1 s
+    each, within ``until``), so the report can say what using every GPU costs."""
+    usable = max(gpu_counts(instance))
+    best = min(plans, key=plan_time)
+    if best.num_gpus == usable or usable in stats.best_by_gpus:
+        return []
+    greedy, found = get_method("greedy"), []
+    for cand in [c for c in candidates if c.plan.num_gpus == usable][:REFERENCE_TRIES]:
+        left = until - time.perf_counter()
+        if left < 0.2:
+            break
+        with contextlib.suppress(PipetteError):
+            plan = greedy(instance, cand.plan, replace(options, time_limit_s=min(1.0, left)))
+            evaluation = evaluator.evaluate(plan)
+            if evaluation.fits and not check_plan(instance, plan):
+                info = SolveInfo(method="greedy (all-GPU reference)", status="heuristic")
+                found.append(plan.model_copy(update={"evaluation": evaluation, "solve_info": info}))
+    return found
+
+
 def _score(
-    evaluator: Evaluator, survivors: list, stats: SearchStats, notify: Progress, until: float
+    evaluator: Evaluator,
+    survivors: list,
+    stats: SearchStats,
+    notify: Progress,
+    until: float,
+    weight: Weight,
 ) -> list[Candidate]:
     """Score skeletons in bound order until the bound passes the best fitting score
     (or the scoring share of the budget is spent: the rest are left unscored).
@@ -219,7 +287,8 @@ def _score(
     Skeletons are ordered by the time of their even split (whether or not it fits:
     the memory bound says some split does) on Megatron's placement; when that crosses
     a failed link, on the cluster with failed links repaired (at the slowest working
-    bandwidth).  Estimates order the solves only; pruning uses fitting scores."""
+    bandwidth).  Estimates order the solves only; pruning uses fitting scores.  Scores
+    and bounds are in the objective's units (``weight`` x s)."""
     best = math.inf
     repaired: Evaluator | None = None
     scored: list[Candidate] = []
@@ -249,8 +318,11 @@ def _score(
                 evaluation = repaired.evaluate(plan)
                 estimate = evaluation.iteration_time_s
         stats.scored += 1
-        best = min(best, score)
-        scored.append(Candidate(estimate, bound, plan))
+        if math.isfinite(score):  # a real plan: even split on Megatron's order, fits
+            known = stats.best_by_gpus.get(plan.num_gpus, math.inf)
+            stats.best_by_gpus[plan.num_gpus] = min(score, known)
+        best = min(best, score * weight(plan))
+        scored.append(Candidate(estimate * weight(plan), bound, plan))
     return sorted(scored)
 
 
@@ -275,6 +347,7 @@ def _solve_all(
     budget_s: float,
     options: SolveOptions,
     max_solves: int | None,
+    weight: Weight,
     best: float = math.inf,
 ) -> list[Plan]:
     """Run the method on candidates, most promising first, within the budget.
@@ -315,57 +388,11 @@ def _solve_all(
         ):
             stats.method_failures += 1
             continue
-        best = min(best, evaluation.iteration_time_s)
+        best = min(best, evaluation.iteration_time_s * weight(plan))
         if degrees not in placed or plan_time(placed[degrees]) > evaluation.iteration_time_s:
             placed[degrees] = plan.model_copy(update={"evaluation": evaluation})
         solved.append(plan.model_copy(update={"evaluation": evaluation}))
     return solved
-
-
-def _fallback(
-    evaluator: Evaluator,
-    candidates: list[Candidate],
-    options: SolveOptions,
-    method: str,
-    top_k: int,
-    until: float = math.inf,
-) -> list[Plan]:
-    """A plan whenever a heuristic finds one: the best scored skeletons (even split,
-    Megatron's placement) that fit, pass the checker and the user families; if none
-    does, the greedy method on the most promising skeletons (each at most 1 s, within
-    ``until`` but at least one try).  Marked ``heuristic``."""
-    instance = evaluator.instance
-    found: list[Plan] = []
-    for cand in candidates:
-        if len(found) >= max(top_k, 1) or not math.isfinite(cand.score_s):
-            break
-        if _usable(instance, cand.plan, options):
-            found.append(
-                _as_fallback(evaluator, cand.plan, f"{method} (fallback: megatron-default)")
-            )
-    greedy = get_method("greedy")
-    for k, cand in enumerate(candidates[:FALLBACK_TRIES] if not found else []):
-        left = until - time.perf_counter()
-        if k and left <= 0:
-            break
-        with contextlib.suppress(PipetteError):
-            limit = min(1.0, max(left, 0.2))
-            plan = greedy(instance, cand.plan, replace(options, time_limit_s=limit))
-            if _usable(instance, plan, options):
-                found.append(_as_fallback(evaluator, plan, f"{method} (fallback: greedy)"))
-                break
-    return found
-
-
-def _usable(instance: Instance, plan: Plan, options: SolveOptions) -> bool:
-    return not check_plan(instance, plan) and not family_violations(
-        options.constraints, instance, plan
-    )
-
-
-def _as_fallback(evaluator: Evaluator, plan: Plan, how: str) -> Plan:
-    info = SolveInfo(method=how, status="heuristic")
-    return plan.model_copy(update={"evaluation": evaluator.evaluate(plan), "solve_info": info})
 
 
 def _nothing_fits(instance: Instance, space: SearchSpace, stats: SearchStats) -> str:

@@ -35,6 +35,7 @@ def rerank(
     top_k: int,
     notify: Callable[[str, int, int], None],
     until: float = math.inf,
+    weight: Callable[[Plan], float] = lambda plan: 1.0,
 ) -> list[Plan]:
     """The ``top_k`` best by the simulator among the best ``max(top_k, RERANKED)``
     layouts by the analytic model, each represented by the plan the simulator finds
@@ -43,9 +44,14 @@ def rerank(
 
     The solvers minimise the analytic critical path, which flatters unequal chunks
     under interleaving (docs/design.md; 8.9 % in the agreement benchmark); the simulator,
-    which plays the schedule, has the last word."""
+    which plays the schedule, has the last word.  ``weight``: the objective's cost of
+    one second of a plan (1: time; GPUs: GPU-seconds)."""
+
+    def cost(plan: Plan) -> float:
+        return plan_time(plan) * weight(plan)
+
     by_layout: dict[str, list[Plan]] = {}
-    for plan in sorted(plans, key=_time_then_exact):
+    for plan in sorted(plans, key=lambda p: (cost(p), _time_then_exact(p)[1])):
         by_layout.setdefault(plan.layout(), []).append(plan)
     layouts = list(by_layout.values())[: max(top_k, RERANKED)]
     ranked = []
@@ -54,7 +60,7 @@ def rerank(
         # past ``until`` (the search's budget) the rest keep their analytic best
         late = i > 0 and time.perf_counter() >= until
         ranked.append(group[0] if late else _simulated_best(evaluator, group))
-    return sorted(ranked, key=plan_time)[: max(top_k, 1)]
+    return sorted(ranked, key=cost)[: max(top_k, 1)]
 
 
 def _simulated_best(evaluator: Evaluator, group: list[Plan]) -> Plan:

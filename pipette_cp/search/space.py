@@ -11,10 +11,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import product
 
-from pipette_cp.cost.kernels import is_hopper
+from pipette_cp.cost.kernels import NVIDIA_ONLY_ATTENTION, is_hopper
 from pipette_cp.errors import SpecError
 from pipette_cp.specs import Instance, Plan, SearchSpace
 from pipette_cp.specs.layouts import make_plan
+from pipette_cp.specs.selection import gpu_totals
 from pipette_cp.specs.training import FUSED_ATTENTION, GRADIENT_SHARDING, AttentionKernel, Sharding
 
 
@@ -36,13 +37,10 @@ class Degrees:
         return self.dp * self.pp * self.tp
 
 
-def gpu_counts(instance: Instance) -> list[int]:
-    """GPU totals a layout may use: all of them, or (``use_all_gpus: false``) any total
-    that leaves out less than one node's worth, so a slow node can be dropped."""
-    n, g = instance.cluster.num_gpus, instance.cluster.gpus_per_node
-    if instance.search_space.use_all_gpus or instance.cluster.num_nodes == 1:
-        return [n]
-    return list(range(n, n - g, -1))
+def gpu_counts(instance: Instance, space: SearchSpace | None = None) -> list[int]:
+    """GPU totals a layout may use, largest first (:func:`~pipette_cp.specs.selection.gpu_totals`:
+    the GPUs of the nodes not excluded, and by default whole nodes fewer)."""
+    return gpu_totals(instance.cluster, space or instance.search_space)
 
 
 def degrees(instance: Instance, space: SearchSpace | None = None) -> list[Degrees]:
@@ -58,7 +56,7 @@ def degrees(instance: Instance, space: SearchSpace | None = None) -> list[Degree
         and (space.tp is None or t in space.tp)
     ]
     found = []
-    for total in gpu_counts(instance):
+    for total in gpu_counts(instance, space):
         for tp in tps:
             if total % tp:
                 continue
@@ -94,7 +92,7 @@ def check_degrees(instance: Instance, space: SearchSpace) -> None:
     if space.pp is not None and min(space.pp) > model.num_layers:
         raise SpecError("search_space.pp", space.pp,
                         f"every pipeline size exceeds the model's {model.num_layers} layers")  # fmt: skip
-    totals = ", ".join(map(str, gpu_counts(instance)))
+    totals = ", ".join(map(str, gpu_counts(instance, space)))
     raise SpecError(
         "search_space", {k: getattr(space, k) for k in ("dp", "pp", "tp") if getattr(space, k)},
         f"no dp x pp x tp of the allowed sizes uses {totals} GPUs",
@@ -174,6 +172,13 @@ def _kernel_choices(
             "search_space.attention_kernel",
             space.attention_kernel,
             f"flash3 runs on Hopper GPUs (H100, H200) only; the cluster has {others[0]}",
+        )
+    amd = [g.name for g in instance.cluster.gpu_types.values() if g.vendor != "NVIDIA"]
+    if amd and (nvidia := [k for k in space.attention_kernel if k in NVIDIA_ONLY_ATTENTION]):
+        raise SpecError(
+            "search_space.attention_kernel",
+            space.attention_kernel,
+            f"{nvidia[0]} runs on NVIDIA GPUs only; the cluster has {amd[0]}",
         )
     return [(k in FUSED_ATTENTION, k) for k in space.attention_kernel]
 

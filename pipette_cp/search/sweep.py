@@ -16,6 +16,7 @@ skeletons in score order, within a share of the budget, gives
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from pipette_cp.checker import check_plan
@@ -44,10 +45,11 @@ def sweep(
     candidates: list[Candidate],
     options: SolveOptions,
     until: float,
+    weight: Callable[[Plan], float] = lambda plan: 1.0,
 ) -> tuple[list[Plan], list[Candidate]]:
     """Greedy plans for skeletons in order until ``until`` (perf_counter time), and
-    the candidates re-ordered: swept ones scored by their greedy plan's time, with
-    its placement; the others as they were."""
+    the candidates re-ordered: swept ones scored by their greedy plan's time (x
+    ``weight``, the objective), with its placement; the others as they were."""
     greedy = get_method("greedy")
     pool: list[Plan] = []
     out: list[Candidate] = []
@@ -70,5 +72,5 @@ def sweep(
             continue
         info = SolveInfo(method="greedy (sweep)", status="heuristic")
         pool.append(plan.model_copy(update={"evaluation": evaluation, "solve_info": info}))
-        out.append(Candidate(evaluation.iteration_time_s, cand.bound_s, plan))
+        out.append(Candidate(evaluation.iteration_time_s * weight(plan), cand.bound_s, plan))
     return pool, sorted(out)

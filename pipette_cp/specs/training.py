@@ -12,6 +12,7 @@ Precision = Literal["bf16", "fp16"]
 Optimizer = Literal["adam", "sgd"]
 Recompute = Literal["none", "selective", "full"]
 Sharding = Literal["none", "optim", "optim_grads", "optim_grads_params"]
+Objective = Literal["time", "throughput-per-gpu"]
 #: The sharding levels that shard more than the optimizer state (ZeRO-2, ZeRO-3).
 GRADIENT_SHARDING: tuple[Sharding, ...] = ("optim_grads", "optim_grads_params")
 AttentionKernel = Literal[
@@ -248,9 +249,33 @@ class SearchSpace(FrozenSpec):
         default=None,
         description="Fused norm kernels on / off to try; None: as training.fused_norm.",
     )
-    use_all_gpus: bool = Field(
-        default=True, description="Whether dp x pp x tp must equal the number of GPUs."
+    use_all_gpus: bool | None = Field(
+        default=None,
+        description="true: dp x pp x tp equals the GPUs of the nodes not excluded; false: it "
+        "may also leave GPUs of one node idle; None (default): it may leave whole nodes idle "
+        "(down to min_gpus, by default a few nodes: see the search's GPU totals).",
     )
+    min_gpus: int | None = Field(
+        default=None,
+        gt=0,
+        description="Fewest GPUs a layout may use (whole nodes idle in between are allowed).",
+    )
+    exclude_nodes: tuple[str, ...] = Field(
+        default=(),
+        description="Host names of nodes that hold no rank (a bad NIC, failed links).",
+    )
+    objective: Objective = Field(
+        default="time",
+        description="What the search minimises: the iteration time, or GPU-seconds per "
+        "iteration (throughput-per-gpu: time x GPUs used, for cost).",
+    )
+
+    @field_validator("exclude_nodes")
+    @classmethod
+    def _distinct_names(cls, values: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(values)) != len(values):
+            raise ValueError(f"names a node twice: {list(values)}")
+        return values
 
     @field_validator("tp", "pp", "dp", "micro_batch_size", "vpp", "dp_shard_size")
     @classmethod

@@ -85,7 +85,9 @@ def failed_pairs_used(instance: Instance, plan: Plan) -> int:
     failed = instance.cluster.failed_mask
     if not failed.any():
         return 0
-    pairs = communication_pairs(plan, instance.model.tied_embeddings)
+    pairs = communication_pairs(
+        plan, instance.model.tied_embeddings, instance.cluster.bandwidth_bytes_per_s
+    )
     return sum(bool(failed[a, b]) for kind in pairs.values() for a, b in kind)
 
 

@@ -22,6 +22,7 @@ from pipette_cp.cost.memory import (
     stage_params_per_gpu,
     usable_memory_bytes,
 )
+from pipette_cp.cost.rings import ring_bandwidths
 from pipette_cp.errors import InfeasibleError, LayoutError
 from pipette_cp.solvers.placement.data import PlacementData
 from pipette_cp.specs import Instance, Plan
@@ -72,8 +73,8 @@ def build_placement_data(
             "plan.dp*pp", pp * dp, f"{pp * dp} units of tp={tp} but only {len(slots)} slots"
         )
     bw = c.bandwidth_bytes_per_s
-    nxt = np.roll(slots, -1, axis=1)
-    tp_bw = bw[slots, nxt].min(axis=1) if tp > 1 else np.full(len(slots), np.inf)
+    # each slot's TP ring in NCCL's order, as the Evaluator charges it (cost.rings)
+    tp_bw = ring_bandwidths(bw, slots) if tp > 1 else np.full(len(slots), np.inf)
     usable = tp_bw > 0
     slot_node = slots[:, 0] // c.gpus_per_node
     node_level = node_uniform(instance)
@@ -85,8 +86,15 @@ def build_placement_data(
         place_slots = [np.array([s]) for s in np.flatnonzero(usable)]
         rep = np.flatnonzero(usable)
     capacity = np.array([len(s) for s in place_slots], dtype=np.int64)
+    if 0 < capacity.sum() < pp * dp:
+        raise InfeasibleError(
+            f"{pp * dp} units of tp={tp} but only {int(capacity.sum())} GPU blocks have a ring "
+            "free of failed links"
+        )
     if not capacity.any():
-        raise InfeasibleError("every tp-aligned GPU block has a failed link inside it")
+        raise InfeasibleError(
+            "every tp-aligned GPU block has a failed link on every ring of its GPUs"
+        )
     place_node = slot_node[rep]
     # pair bandwidth of two units: slowest of the tp rank-to-rank flows
     pair = bw[slots[rep][:, None, :], slots[rep][None, :, :]].min(axis=2)

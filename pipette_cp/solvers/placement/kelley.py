@@ -157,6 +157,45 @@ def lower_x(data: PlacementData, upper: np.ndarray | None = None) -> np.ndarray:
     return x
 
 
+def two_level_floor_x(data: PlacementData) -> np.ndarray:
+    """:func:`lower_x` with each stage's DP ring input lowered to what NCCL's two-level
+    all-reduce could take at best, so ``f`` of it bounds every placement under the
+    Evaluator's ``best`` algorithm (ring or two-level, whichever is faster per stage).
+
+    Two-level over ``D = L d`` replicas, ``L`` per node on ``d`` nodes (Evaluator:
+    :func:`~pipette_cp.cost.comm.hierarchical_times_s`): ``c (L-1)/L S / b_intra +
+    c (L-1) l_intra + c (d-1)/d (S/L) / b_inter + c (d-1) l_inter``, with ``c`` the
+    collective's ring factor; the floor takes the fastest intra- and inter-node link
+    of the cluster and the best ``L`` a node can hold."""
+    x = lower_x(data)
+    d, plan, cluster = data, data.plan, data.instance.cluster
+    dp = plan.dp
+    if dp < 2 or not d.multi:
+        return x
+    bw, g = cluster.bandwidth_bytes_per_s, cluster.gpus_per_node
+    node = np.arange(cluster.num_gpus) // g
+    same = node[:, None] == node[None, :]
+    b_intra = float(bw[same].max(initial=0.0))
+    b_inter = float(bw[~same].max(initial=0.0)) or b_intra
+    lat_in, lat_out = cluster.intra_node_latency_s, cluster.inter_node_latency_s
+    c = d.sync_factor / (dp - 1)  # the ring factor of the stage's collective
+    per_node = min(dp, g // plan.tp)
+    for s, i in enumerate(d.xi.ring):
+        if not d.ring_bytes[s]:
+            continue
+        size = d.ring_bytes[s] / (c * (dp - 1) / dp)
+        best = np.inf
+        for local in (k for k in range(1, per_node + 1) if dp % k == 0):
+            nodes = dp // local
+            t = c * (nodes - 1) / nodes * (size / local) / b_inter + c * (nodes - 1) * lat_out
+            if local > 1:
+                t += c * (local - 1) / local * size / b_intra + c * (local - 1) * lat_in
+            best = min(best, t)
+        # the schedule adds sync_factor x the latency of x's ring (intra-node at lower_x)
+        x[i] = min(x[i], max(0.0, best - d.sync_factor * lat_in))
+    return x
+
+
 def worst_x(data: PlacementData) -> np.ndarray:
     """Inputs no placement exceeds: each class at its dearest usable pair or at a whole
     node's flows sharing its NICs; every indicator at 1.  ``f`` of it bounds every

@@ -33,11 +33,13 @@ Method.
 
 Reported (:class:`~pipette_cp.specs.SolveInfo`): ``objective`` = that
 Evaluator's iteration time; ``bound`` = the master's proven bound (or the
-analytic one, for LNS) whenever it is valid for that Evaluator: when no node
-can hold two units of one stage (NCCL's two-level all-reduce, which the
-Evaluator's default may pick, is not in the master) and the cluster has one
-GPU type.  Otherwise ``bound`` and ``gap`` are ``None`` and the status is at
-best ``feasible``.  ``status``: ``optimal`` when the gap is at most
+analytic one, for LNS) when the Evaluator's DP all-reduce is the ring in replica
+order; when a node can hold two units of one stage, so that NCCL's two-level
+all-reduce (not in the master) may win, the analytic floor of both algorithms
+(:func:`~pipette_cp.solvers.placement.kelley.two_level_floor_x`): valid, looser.
+Mixed GPU types (compute classes not a ladder) and HSDP give no bound: ``bound`` and
+``gap`` are ``None`` and the status is at best ``feasible``.  ``status``:
+``optimal`` when the gap is at most
 :data:`~pipette_cp.solvers.placement.kelley.OPTIMALITY_GAP`, else ``feasible``;
 no placement at all raises :class:`~pipette_cp.errors.InfeasibleError`
 (proven) or :class:`~pipette_cp.errors.SolverTimeoutError` (time ran out).
@@ -69,6 +71,7 @@ from pipette_cp.solvers.placement.kelley import (
     bounds,
     kelley,
     lower_x,
+    two_level_floor_x,
     worst_x,
 )
 from pipette_cp.solvers.placement.lns import lns
@@ -261,9 +264,11 @@ def solve_placement(
                                   workers=options.workers, bound_s=bound)  # fmt: skip
         bound = max(bound, data.total_time_s(bounds(pool, best_value)[0]))
     scorer = Evaluator(instance, dp_algorithm=dp_algorithm)
-    # the master is exact for ring all-reduce, and its compute classes for one GPU type
-    valid = (dp_algorithm == "ring" or not two_level_possible(data)) and data.exact
-    return _finish(scorer, plan, data, best, bound if valid else None, plans, backend, started)
+    # the master is exact for ring all-reduce, and its compute classes for one GPU type;
+    # where the two-level all-reduce may win, the bound is the analytic floor of both
+    if data.exact and dp_algorithm != "ring" and two_level_possible(data):
+        bound = data.total_time_s(two_level_floor_x(data))
+    return _finish(scorer, plan, data, best, bound if data.exact else None, plans, backend, started)
 
 
 def _hybrid_placement(
