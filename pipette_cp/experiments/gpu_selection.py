@@ -1,0 +1,188 @@
+"""Choosing the GPUs: what leaving nodes idle buys, and the solver against the baselines.
+
+Three measurements::
+
+    python -m pipette_cp.experiments.gpu_selection [--build] [--quick]
+
+1. The 17-node H100 cluster (measured nccl-tests logs, Llama-3.1-8B, global batch
+   1024 x 8192): the default search (whole nodes may stay idle) against the search
+   restricted to every GPU, the only space an earlier release searched.
+2. Instances with a slow or failed node, a prime node count and V100 cube-mesh
+   nodes: the best plan of every method at the same budget, and the speed-up of
+   the default method over Megatron's default rank order on all GPUs.
+3. How many of the plans the default search returns on clusters of <= 16 nodes
+   carry a valid gap (``SolveInfo.gap`` not None; bounds checked by the oracle
+   tests).
+
+``--build`` (re)writes the generated instances of (2) first: each cluster comes
+from a seeded generator with one node's links changed, as its ``source`` says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipette_cp.clusters.generators import generate
+from pipette_cp.io.cluster_file import write_cluster_file
+from pipette_cp.io.instance_file import load_instance
+from pipette_cp.io.paths import INSTANCES_DIR
+from pipette_cp.search.loop import default_time_limit_s, search
+from pipette_cp.search.selection import idle_nodes
+from pipette_cp.specs import ClusterSpec, Instance
+
+#: The 17-node case.
+SEVENTEEN = "llama-3.1-8b-real00-136"
+
+
+@dataclass(frozen=True)
+class Built:
+    """A generated instance: cluster generator, the node changed and how."""
+
+    name: str
+    model: str
+    kind: str
+    nodes: int
+    seed: int
+    node: int
+    factor: float  # every inter-node link of ``node`` times this (0: half of them failed)
+    batch: int
+    seq: int
+    precision: str = "bf16"
+
+
+BUILT = (
+    Built("gpt3-6.7b-g1-13n-slownic", "gpt3-6.7b", "g1", 13, 3, 5, 0.25, 512, 2048),
+    Built("llama-2-7b-g3-11n-failednode", "llama-2-7b", "g3", 11, 4, 3, 0.0, 256, 4096),
+    Built("gpt3-760m-g5-3n-slownic", "gpt3-760m", "g5", 3, 2, 1, 0.3, 128, 2048, "fp16"),
+)
+#: Bundled instances of (2) besides the built ones.
+BUNDLED = (SEVENTEEN, "gpt-sc21-18b-real01-80", "gpt3-1.3b-g5-16")
+#: Methods compared in (2); the default first.
+METHODS = ("cpsat", "milp", "greedy", "pipette-sa", "amp", "megatron-default", "random")
+#: Bundled instances of (3): clusters of at most 16 nodes.
+GAP_INSTANCES = (
+    "gpt3-1.3b-nominal-8", "gpt3-1.3b-g5-16", "llama-2-7b-g3-32", "gpt3-2.7b-g1-64",
+    "llama-3-8b-g2-64", "mistral-7b-g4-64", "gpt3-6.7b-g1-128", "gpt3-13b-g3-128",
+)  # fmt: skip
+
+
+def _changed(cluster: ClusterSpec, built: Built) -> ClusterSpec:
+    g, node = cluster.gpus_per_node, built.node
+    matrix = cluster.bandwidth_bytes_per_s.copy()
+    mine = np.zeros(cluster.num_gpus, dtype=bool)
+    mine[node * g : (node + 1) * g] = True
+    cross = np.outer(mine, ~mine) | np.outer(~mine, mine)
+    if built.factor > 0:
+        matrix[cross] *= built.factor
+        how = f"every inter-node link of node {node} x {built.factor:g} (a slow NIC)"
+    else:
+        rng = np.random.default_rng(built.seed)
+        matrix[cross & (rng.random(matrix.shape) < 0.5)] = 0.0
+        how = f"half of the inter-node GPU pairs of node {node} failed"
+    source = f"generator {built.kind}, {built.nodes} nodes, seed {built.seed}; {how}"
+    return cluster.model_copy(
+        update={"bandwidth_bytes_per_s": matrix, "name": built.name, "source": source}
+    )
+
+
+def build_instances() -> None:
+    """Write the clusters and instance files of :data:`BUILT`."""
+    for built in BUILT:
+        cluster = _changed(generate(built.kind, nodes=built.nodes, seed=built.seed), built)
+        path = INSTANCES_DIR / "clusters" / f"{built.name}.yaml"
+        write_cluster_file(cluster, path)
+        flash = "" if built.kind != "g5" else "  flash_attention_available: false\n"
+        (INSTANCES_DIR / f"{built.name}.yaml").write_text(
+            f"name: {built.name}\nfamily: selection\n"
+            f"description: '{built.model} on {cluster.source} (built by "
+            "python -m pipette_cp.experiments.gpu_selection --build).'\n"
+            f"model: {built.model}\ncluster:\n  file: clusters/{built.name}.yaml\n"
+            f"training:\n  global_batch_size: {built.batch}\n  seq_length: {built.seq}\n"
+            f"  precision: {built.precision}\n{flash}",
+            encoding="utf-8",
+        )
+
+
+def _best(instance: Instance, method: str, limit: float, **space: object) -> tuple[float, object]:
+    inst = instance.model_copy(
+        update={"search_space": instance.search_space.model_copy(update=space)}
+    )
+    try:
+        result = search(inst, method=method, top_k=1, time_limit_s=limit, seed=0)
+    except Exception as exc:  # a method that finds nothing: reported, not fatal
+        return math.inf, type(exc).__name__
+    return result.plans[0].evaluation.iteration_time_s, result
+
+
+def seventeen_nodes() -> None:
+    instance = load_instance(SEVENTEEN)
+    limit = default_time_limit_s(instance)
+    all_gpus, _ = _best(instance, "cpsat", limit, use_all_gpus=True)
+    started = time.perf_counter()
+    chosen, result = _best(instance, "cpsat", limit)
+    wall = time.perf_counter() - started
+    best = result.plans[0]
+    idle = idle_nodes(instance, best, result.stats.best_by_gpus, result.stats.bound_by_gpus)
+    print(f"## 1. {SEVENTEEN}, budget {limit:.1f} s")
+    print(f"all GPUs (earlier release's space): {all_gpus:.3f} s")
+    print(f"default (nodes may idle): {chosen:.3f} s, {best.layout()} on {best.num_gpus} GPUs, "
+          f"wall {wall:.1f} s; speed-up {all_gpus / chosen:.2f}x")  # fmt: skip
+    print(idle.describe(chosen))
+
+
+def baselines(names: list[str]) -> None:
+    print("\n## 2. best plan per method at the default budget (s)")
+    print(
+        f"{'instance':32s} " + " ".join(f"{m:>10s}" for m in METHODS) + "  mega-all   speed-up  ok"
+    )
+    for name in names:
+        instance = load_instance(name)
+        limit = default_time_limit_s(instance)
+        times = [_best(instance, m, limit)[0] for m in METHODS]
+        mega_all, _ = _best(instance, "megatron-default", limit, use_all_gpus=True)
+        ok = times[0] <= min(times[1:]) * (1 + 1e-9)
+        print(f"{name:32s} " + " ".join(f"{t:10.3f}" for t in times)
+              + f"  {mega_all:8.3f}  {mega_all / times[0]:8.2f}x  {'yes' if ok else 'NO'}")  # fmt: skip
+
+
+def gaps() -> None:
+    print("\n## 3. plans of the default search with a valid gap (clusters <= 16 nodes)")
+    total = with_gap = 0
+    for name in GAP_INSTANCES:
+        instance = load_instance(name)
+        result = search(instance, top_k=5, time_limit_s=default_time_limit_s(instance), seed=0)
+        solved = [p for p in result.plans if p.solve_info and p.solve_info.status != "heuristic"]
+        gapped = [p for p in solved if p.solve_info.gap is not None]
+        total, with_gap = total + len(solved), with_gap + len(gapped)
+        shown = ", ".join(f"{p.solve_info.gap:.1%}" for p in gapped)
+        print(f"{name:28s} {len(gapped)}/{len(solved)} solved plans with a gap: {shown}")
+    print(f"total: {with_gap}/{total} = {with_gap / max(total, 1):.0%}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipette_cp.experiments.gpu_selection")
+    parser.add_argument("--build", action="store_true", help="rewrite the generated instances")
+    parser.add_argument("--quick", action="store_true", help="the 17-node case only")
+    parser.add_argument("--part", type=int, choices=(1, 2, 3), help="one measurement only")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.build:
+        build_instances()
+    if args.part in (None, 1):
+        seventeen_nodes()
+    if args.quick:
+        return 0
+    if args.part in (None, 2):
+        baselines([*BUNDLED, *(b.name for b in BUILT)])
+    if args.part in (None, 3):
+        gaps()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
