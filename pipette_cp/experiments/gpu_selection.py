@@ -29,10 +29,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipette_cp.clusters.generators import generate
+from pipette_cp.errors import PipetteError
 from pipette_cp.io.cluster_file import write_cluster_file
 from pipette_cp.io.instance_file import load_instance
 from pipette_cp.io.paths import INSTANCES_DIR
-from pipette_cp.search.loop import default_time_limit_s, search
+from pipette_cp.search.loop import SearchResult, default_time_limit_s, search
 from pipette_cp.search.selection import idle_nodes
 from pipette_cp.specs import ClusterSpec, Instance
 
@@ -109,25 +110,34 @@ def build_instances() -> None:
         )
 
 
-def _best(instance: Instance, method: str, limit: float, **space: object) -> tuple[float, object]:
+def _best(instance: Instance, method: str, limit: float, **space: object) -> SearchResult | None:
+    """The search's result with ``space`` fields replaced; None if it finds nothing."""
     inst = instance.model_copy(
         update={"search_space": instance.search_space.model_copy(update=space)}
     )
     try:
-        result = search(inst, method=method, top_k=1, time_limit_s=limit, seed=0)
-    except Exception as exc:  # a method that finds nothing: reported, not fatal
-        return math.inf, type(exc).__name__
-    return result.plans[0].evaluation.iteration_time_s, result
+        return search(inst, method=method, top_k=1, time_limit_s=limit, seed=0)
+    except PipetteError:  # a method that finds nothing: reported as inf, not fatal
+        return None
+
+
+def _time(result: SearchResult | None) -> float:
+    if result is None:
+        return math.inf
+    evaluation = result.plans[0].evaluation
+    assert evaluation is not None
+    return evaluation.iteration_time_s
 
 
 def seventeen_nodes() -> None:
     instance = load_instance(SEVENTEEN)
     limit = default_time_limit_s(instance)
-    all_gpus, _ = _best(instance, "cpsat", limit, use_all_gpus=True)
+    all_gpus = _time(_best(instance, "cpsat", limit, use_all_gpus=True))
     started = time.perf_counter()
-    chosen, result = _best(instance, "cpsat", limit)
+    result = _best(instance, "cpsat", limit)
     wall = time.perf_counter() - started
-    best = result.plans[0]
+    assert result is not None
+    chosen, best = _time(result), result.plans[0]
     idle = idle_nodes(instance, best, result.stats.best_by_gpus, result.stats.bound_by_gpus)
     print(f"## 1. {SEVENTEEN}, budget {limit:.1f} s")
     print(f"all GPUs (earlier release's space): {all_gpus:.3f} s")
@@ -144,8 +154,8 @@ def baselines(names: list[str]) -> None:
     for name in names:
         instance = load_instance(name)
         limit = default_time_limit_s(instance)
-        times = [_best(instance, m, limit)[0] for m in METHODS]
-        mega_all, _ = _best(instance, "megatron-default", limit, use_all_gpus=True)
+        times = [_time(_best(instance, m, limit)) for m in METHODS]
+        mega_all = _time(_best(instance, "megatron-default", limit, use_all_gpus=True))
         ok = times[0] <= min(times[1:]) * (1 + 1e-9)
         print(f"{name:32s} " + " ".join(f"{t:10.3f}" for t in times)
               + f"  {mega_all:8.3f}  {mega_all / times[0]:8.2f}x  {'yes' if ok else 'NO'}")  # fmt: skip
@@ -153,16 +163,20 @@ def baselines(names: list[str]) -> None:
 
 def gaps() -> None:
     print("\n## 3. plans of the default search with a valid gap (clusters <= 16 nodes)")
-    total = with_gap = 0
+    total = with_gap = layouts = layouts_gap = 0
     for name in GAP_INSTANCES:
         instance = load_instance(name)
         result = search(instance, top_k=5, time_limit_s=default_time_limit_s(instance), seed=0)
-        solved = [p for p in result.plans if p.solve_info and p.solve_info.status != "heuristic"]
-        gapped = [p for p in solved if p.solve_info.gap is not None]
+        infos = [p.solve_info for p in result.plans if p.solve_info is not None]
+        solved = [i for i in infos if i.status != "heuristic"]
+        gapped = [i.gap for i in solved if i.gap is not None]
         total, with_gap = total + len(solved), with_gap + len(gapped)
-        shown = ", ".join(f"{p.solve_info.gap:.1%}" for p in gapped)
-        print(f"{name:28s} {len(gapped)}/{len(solved)} solved plans with a gap: {shown}")
-    print(f"total: {with_gap}/{total} = {with_gap / max(total, 1):.0%}")
+        layouts, layouts_gap = layouts + result.stats.solved, layouts_gap + result.stats.with_gap
+        shown = ", ".join(f"{gap:.1%}" for gap in gapped)
+        print(f"{name:28s} returned: {len(gapped)}/{len(solved)} with a gap ({shown}); "
+              f"every solved layout: {result.stats.with_gap}/{result.stats.solved}")  # fmt: skip
+    print(f"returned plans: {with_gap}/{total} = {with_gap / max(total, 1):.0%}; "
+          f"solved layouts: {layouts_gap}/{layouts} = {layouts_gap / max(layouts, 1):.0%}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

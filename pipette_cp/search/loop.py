@@ -82,6 +82,8 @@ class SearchStats:
     scored: int = 0
     pruned_bound: int = 0
     solved: int = 0
+    #: solved layouts whose placement carries a valid bound (SolveInfo.gap not None)
+    with_gap: int = 0
     skipped_budget: int = 0
     method_failures: int = 0
     crossed_failed_links: int = 0
@@ -381,6 +383,7 @@ def _solve_all(
             stats.method_failures += 1
             continue
         stats.solved += 1
+        stats.with_gap += plan.solve_info is not None and plan.solve_info.gap is not None
         if (
             not evaluation.fits
             or check_plan(instance, plan)

@@ -100,9 +100,10 @@ def split_then_place(
     The split is costed on the skeleton's placement, or, when that one crosses a
     failed link, on a placement solved first for the skeleton's split.  The plan is
     ``optimal`` only when both claims are proven for what is returned: its split is
-    optimal on its placement and its placement optimal for its split (``bound`` and
-    ``gap`` are then the placement master's).  Otherwise it is ``feasible`` with no
-    bound: a proof about one half says nothing about the plan.  Every ``optimal``
+    optimal on its placement and its placement optimal for its split.  Otherwise it is
+    ``feasible``.  ``bound`` and ``gap`` are always the placement master's for the
+    returned split (None when the split changed after the placement was solved): they
+    bound every placement of that split, not other splits.  Every ``optimal``
     claim is checked by :func:`~pipette_cp.solvers.split.guard.guard_optimal_claim`."""
     started = time.perf_counter()
     total = options.time_limit_s
@@ -130,11 +131,12 @@ def split_then_place(
         if again.split != placed.layer_split and evaluator.iteration_time(moved) < objective:
             placed, place_proven = moved, False  # the placement was solved for another split
             objective = evaluator.iteration_time(placed)
+            placed = placed.model_copy(update={"solve_info": None})  # its bound was for that one
     info = placed.solve_info or SolveInfo(method=backend, status="feasible")
     if split_proven and place_proven:
         info = info.model_copy(update={"method": backend, "status": "optimal"})
-    else:
-        info = SolveInfo(method=backend, status="feasible")
+    else:  # the placement's bound (for the returned split) stands; the plan is not proven
+        info = info.model_copy(update={"method": backend, "status": "feasible"})
     info = info.model_copy(
         update={"objective": objective, "wall_time_s": time.perf_counter() - started}
     )
