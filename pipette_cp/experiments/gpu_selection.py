@@ -11,8 +11,9 @@ Three measurements::
    nodes: the best plan of every method at the same budget, and the speed-up of
    the default method over Megatron's default rank order on all GPUs.
 3. How many of the plans the default search returns on clusters of <= 16 nodes
-   carry a valid gap (``SolveInfo.gap`` not None; bounds checked by the oracle
-   tests).
+   carry a valid gap (``SolveInfo.gap`` not None), and of the layouts it solves.
+4. Every ``optimal`` claim and every bound of both exact placement methods against
+   the brute-force oracle on tiny degraded clusters, many leaving GPUs idle.
 
 ``--build`` (re)writes the generated instances of (2) first: each cluster comes
 from a seeded generator with one node's links changed, as its ``source`` says.
@@ -179,11 +180,78 @@ def gaps() -> None:
           f"solved layouts: {layouts_gap}/{layouts} = {layouts_gap / max(layouts, 1):.0%}")  # fmt: skip
 
 
+#: Tiny oracle cases: (nodes, GPUs per node, dp, pp, tp); fewer units than blocks
+#: makes the placement choose which nodes (and blocks) stay idle.
+ORACLE_SHAPES = (
+    (2, 4, 2, 2, 1), (2, 4, 1, 4, 1), (2, 4, 4, 1, 1), (2, 4, 2, 1, 2), (2, 4, 1, 2, 2),
+    (3, 2, 1, 2, 1), (3, 2, 2, 2, 1), (3, 2, 1, 4, 1), (3, 4, 1, 2, 2), (3, 4, 2, 2, 1),
+    (2, 2, 2, 2, 1), (2, 2, 1, 4, 1), (2, 4, 2, 2, 2), (2, 4, 1, 2, 4), (3, 2, 3, 2, 1),
+)  # fmt: skip
+
+
+def oracle_claims(seeds: int = 4) -> None:
+    """Every claim of both exact methods against brute force over every placement."""
+    from pipette_cp.solvers.methods import exact_placement
+    from pipette_cp.solvers.options import SolveOptions
+    from pipette_cp.solvers.placement.oracle import brute_force_placement
+    from pipette_cp.specs.layouts import make_plan
+
+    print("\n## 4. claims against the brute-force oracle (tiny degraded clusters)")
+    cases = claims = matched = bounds = valid = subsets = 0
+    for nodes, gpus, dp, pp, tp in ORACLE_SHAPES:
+        for seed in range(seeds):
+            instance = _tiny(nodes, gpus, seed)
+            plan = make_plan(num_layers=8, dp=dp, pp=pp, tp=tp, micro_batch_size=1)
+            try:
+                _, best = brute_force_placement(instance, plan)
+            except PipetteError:
+                continue  # every placement crosses a failed link
+            cases += 1
+            subsets += dp * pp * tp < nodes * gpus
+            for backend in ("cpsat", "milp"):
+                info = exact_placement(instance, plan, SolveOptions(time_limit_s=10),
+                                       backend=backend).solve_info  # fmt: skip
+                assert info is not None and info.objective is not None
+                if info.status == "optimal":
+                    claims += 1
+                    matched += abs(info.objective - best) <= 1e-6 * best
+                if info.bound is not None:
+                    bounds += 1
+                    valid += info.bound <= best * (1 + 1e-9)
+    print(f"{cases} layouts ({subsets} leave GPUs idle) x 2 methods: optimal claims matching "
+          f"the oracle {matched}/{claims}; bounds below it {valid}/{bounds}")  # fmt: skip
+
+
+def _tiny(nodes: int, gpus: int, seed: int) -> Instance:
+    """A small GPT on ``nodes`` x ``gpus`` A100s: lognormal links, some at 0.6 x, some
+    failed (a node kept reachable), every total allowed."""
+    from pipette_cp.clusters.expand import cluster_from_node_matrix
+    from pipette_cp.specs import ModelSpec, SearchSpace, TrainingSpec, resolve_gpu
+
+    rng = np.random.default_rng(seed)
+    while True:
+        m = 20e9 * rng.lognormal(0.0, 0.1, (nodes, nodes))
+        m[rng.random((nodes, nodes)) < 0.3] *= 0.6
+        m[rng.random((nodes, nodes)) < 0.15] = 0.0
+        np.fill_diagonal(m, 0.0)
+        if ((m > 0).sum(axis=0) > 0).all() and ((m > 0).sum(axis=1) > 0).all():
+            break
+    cluster = cluster_from_node_matrix(
+        node_bandwidth=m, intra_node=150e9, gpus_per_node=gpus, gpu=resolve_gpu("a100"),
+        nics_per_node=gpus, nic_bandwidth_bytes_per_s=25e9, name=f"tiny-{nodes}x{gpus}-{seed}",
+    )  # fmt: skip
+    model = ModelSpec(name="small-gpt", num_layers=8, hidden_size=1024, num_attention_heads=16,
+                      ffn_hidden_size=4096, vocab_size=32000, max_seq_length=1024)  # fmt: skip
+    training = TrainingSpec(global_batch_size=16, seq_length=1024)
+    return Instance(name="tiny", model=model, cluster=cluster, training=training,
+                    search_space=SearchSpace(use_all_gpus=False))  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipette_cp.experiments.gpu_selection")
     parser.add_argument("--build", action="store_true", help="rewrite the generated instances")
     parser.add_argument("--quick", action="store_true", help="the 17-node case only")
-    parser.add_argument("--part", type=int, choices=(1, 2, 3), help="one measurement only")
+    parser.add_argument("--part", type=int, choices=(1, 2, 3, 4), help="one measurement only")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.build:
         build_instances()
@@ -195,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         baselines([*BUNDLED, *(b.name for b in BUILT)])
     if args.part in (None, 3):
         gaps()
+    if args.part in (None, 4):
+        oracle_claims()
     return 0
 
 
