@@ -33,17 +33,17 @@ from pipette_cp.search.fallback import fallback
 from pipette_cp.search.rerank import plan_time, rerank
 from pipette_cp.search.selection import (
     Weight,
+    all_gpus_reference,
     lift,
-    node_preference,
     objective_weight,
-    on_preferred_nodes,
+    preferred_skeletons,
     restrict,
 )
 from pipette_cp.search.space import check_degrees, enumerate_layouts, gpu_counts
 from pipette_cp.search.sweep import SWEPT_METHODS, Candidate, sweep
 from pipette_cp.solvers import SolveOptions, get_method
 from pipette_cp.solvers.extensions import ConstraintFamily, family_violations
-from pipette_cp.specs import Instance, Plan, SearchSpace, SolveInfo
+from pipette_cp.specs import Instance, Plan, SearchSpace
 
 #: ``progress(phase, done, total)``; phases: "bounds", "score", "solve", "rerank".
 Progress = Callable[[str, int, int], None]
@@ -57,8 +57,6 @@ SCORE_SHARE = 0.4
 MIN_SCORED = 32
 #: Share of the budget for the greedy sweep before the exact solves (cpsat, milp).
 SWEEP_SHARE = 0.2
-#: Skeletons on every usable GPU placed greedily for the idle-node report.
-REFERENCE_TRIES = 3
 #: Share of the budget after which bounding the layouts stops (the rest are not tried).
 BOUND_SHARE = 0.3
 #: Least time a solve is started with, per GPU of the cluster (its fixed costs: 4,096
@@ -150,13 +148,14 @@ def search(
     weight = objective_weight(space)
     evaluator = Evaluator(instance, validate=False)
     survivors: list[tuple[float, Plan]] = []
-    # most model parallelism first: when the budget stops the bounding early, the
-    # layouts most likely to fit a large model have been bounded
-    layouts = sorted(enumerate_layouts(instance, space), key=lambda p: (-p.tp * p.pp, -p.num_gpus))
-    order = node_preference(instance.cluster)  # layouts that leave nodes idle: the best nodes
-    everything = instance.cluster.num_gpus
-    layouts = [p if p.num_gpus == everything else on_preferred_nodes(p, instance.cluster, order)
-               for p in layouts]  # fmt: skip
+    # every GPU first, then most model parallelism: when the budget stops the bounding
+    # early, the layouts most likely to fit a large model on all GPUs have been bounded
+    everything = max(gpu_counts(instance, space))
+    layouts = sorted(
+        enumerate_layouts(instance, space),
+        key=lambda p: (p.num_gpus != everything, -p.tp * p.pp, -p.num_gpus),
+    )
+    layouts = preferred_skeletons(instance, layouts)
     stats.layouts = len(layouts)
     bound_until = start + BOUND_SHARE * time_limit_s
     for i, plan in enumerate(layouts):
@@ -236,43 +235,15 @@ def search(
             + ", ".join(knob_hints(space))
             + ", or try another --method or a longer --time-limit"
         )
-    plans += _all_gpus_reference(instance, evaluator, plans, candidates, options, stats, end)
+    plans += all_gpus_reference(
+        instance, evaluator, plans, candidates, options, stats.best_by_gpus, end
+    )
     for plan in plans:
         total, seconds = plan.num_gpus, plan_time(plan)
         stats.best_by_gpus[total] = min(seconds, stats.best_by_gpus.get(total, math.inf))
     ranked = rerank(evaluator, plans, top_k, notify, until=end, weight=weight)
     stats.wall_time_s = time.perf_counter() - start
     return SearchResult(ranked, stats)
-
-
-def _all_gpus_reference(
-    instance: Instance,
-    evaluator: Evaluator,
-    plans: list[Plan],
-    candidates: list[Candidate],
-    options: SolveOptions,
-    stats: SearchStats,
-    until: float,
-) -> list[Plan]:
-    """When the best plan leaves GPUs idle and no plan on every usable GPU was found:
-    greedy plans of the best-scored such skeletons (at most :data:`REFERENCE_TRIES`, 1 s
-    each, within ``until``), so the report can say what using every GPU costs."""
-    usable = max(gpu_counts(instance))
-    best = min(plans, key=plan_time)
-    if best.num_gpus == usable or usable in stats.best_by_gpus:
-        return []
-    greedy, found = get_method("greedy"), []
-    for cand in [c for c in candidates if c.plan.num_gpus == usable][:REFERENCE_TRIES]:
-        left = until - time.perf_counter()
-        if left < 0.2:
-            break
-        with contextlib.suppress(PipetteError):
-            plan = greedy(instance, cand.plan, replace(options, time_limit_s=min(1.0, left)))
-            evaluation = evaluator.evaluate(plan)
-            if evaluation.fits and not check_plan(instance, plan):
-                info = SolveInfo(method="greedy (all-GPU reference)", status="heuristic")
-                found.append(plan.model_copy(update={"evaluation": evaluation, "solve_info": info}))
-    return found
 
 
 def _score(

@@ -9,14 +9,25 @@ nodes stay idle is the placement's (a unit may go on any node's block).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from pipette_cp.specs import ClusterSpec, Instance, Plan, SearchSpace
+from pipette_cp.checker import check_plan
+from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.errors import PipetteError
+from pipette_cp.search.rerank import plan_time
+from pipette_cp.search.sweep import Candidate
+from pipette_cp.solvers import SolveOptions, get_method
+from pipette_cp.specs import ClusterSpec, Instance, Plan, SearchSpace, SolveInfo
 from pipette_cp.specs.selection import excluded_nodes, gpu_totals
+
+#: Skeletons on every usable GPU placed greedily for the idle-node report.
+REFERENCE_TRIES = 3
 
 #: ``weight(plan)``: what one second of the plan's iteration costs under the objective.
 Weight = Callable[[Plan], float]
@@ -61,17 +72,19 @@ def restrict(instance: Instance) -> tuple[Instance, np.ndarray]:
 
 
 def node_preference(cluster: ClusterSpec) -> np.ndarray:
-    """Nodes best first: by the mean bandwidth of their links to the other nodes (each
-    pair at its slower direction, a failed pair at 0), then hostfile order."""
-    m = cluster.node_matrix()
-    n = cluster.num_nodes
+    """Nodes best first: by the mean bandwidth of their GPUs' links to the other nodes'
+    GPUs, the slower of the sending and the receiving side (a failed pair counts 0),
+    then hostfile order.  One pass over the matrix, no copy of it."""
+    n, g = cluster.num_nodes, cluster.gpus_per_node
     if n == 1:
         return np.zeros(1, dtype=np.int64)
-    g = cluster.gpus_per_node
-    failed = cluster.failed_mask.reshape(n, g, n, g).mean(axis=(1, 3))
-    pair = np.minimum(m, m.T) * (1.0 - np.maximum(failed, failed.T))
-    np.fill_diagonal(pair, 0.0)
-    score = pair.sum(axis=1) / (n - 1)
+    bw = cluster.bandwidth_bytes_per_s
+    blocks = bw.reshape(n, g, n, g)
+    diag = np.arange(n)
+    intra = blocks[diag, :, diag, :]  # (n, g, g): each node's own block
+    sent = bw.sum(axis=1).reshape(n, g).sum(axis=1) - intra.sum(axis=(1, 2))
+    received = bw.sum(axis=0).reshape(n, g).sum(axis=1) - intra.sum(axis=(1, 2))
+    score = np.minimum(sent, received) / (g * g * (n - 1))
     return np.array(sorted(range(n), key=lambda k: (-score[k], k)), dtype=np.int64)
 
 
@@ -142,3 +155,52 @@ def idle_nodes(
         all_gpus_time_s=best_by_gpus.get(usable, math.inf),
         all_gpus_bound_s=bound_by_gpus.get(usable, math.inf),
     )
+
+
+def preferred_skeletons(instance: Instance, layouts: list[Plan]) -> list[Plan]:
+    """Skeletons that leave nodes idle moved onto the best-connected nodes (one
+    placement per (dp, pp, tp), shared by the skeletons of those degrees)."""
+    cluster = instance.cluster
+    order: np.ndarray | None = None
+    moved: dict[tuple[int, int, int], tuple[tuple[int, ...], ...]] = {}
+    out = []
+    for plan in layouts:
+        if plan.num_gpus == cluster.num_gpus:
+            out.append(plan)
+            continue
+        key = (plan.dp, plan.pp, plan.tp)
+        if key not in moved:
+            order = node_preference(cluster) if order is None else order
+            moved[key] = on_preferred_nodes(plan, cluster, order).placement
+        out.append(plan.model_copy(update={"placement": moved[key]}))
+    return out
+
+
+def all_gpus_reference(
+    instance: Instance,
+    evaluator: Evaluator,
+    plans: list[Plan],
+    candidates: list[Candidate],
+    options: SolveOptions,
+    best_by_gpus: dict[int, float],
+    until: float,
+) -> list[Plan]:
+    """When the best plan leaves GPUs idle and no plan on every usable GPU was found:
+    greedy plans of the best-scored such skeletons (at most :data:`REFERENCE_TRIES`, 1 s
+    each, within ``until``), so the report can say what using every GPU costs."""
+    usable = max(gpu_totals(instance.cluster, instance.search_space))
+    best = min(plans, key=plan_time)
+    if best.num_gpus == usable or usable in best_by_gpus:
+        return []
+    greedy, found = get_method("greedy"), []
+    for cand in [c for c in candidates if c.plan.num_gpus == usable][:REFERENCE_TRIES]:
+        left = until - time.perf_counter()
+        if left < 0.2:
+            break
+        with contextlib.suppress(PipetteError):
+            plan = greedy(instance, cand.plan, replace(options, time_limit_s=min(1.0, left)))
+            evaluation = evaluator.evaluate(plan)
+            if evaluation.fits and not check_plan(instance, plan):
+                info = SolveInfo(method="greedy (all-GPU reference)", status="heuristic")
+                found.append(plan.model_copy(update={"evaluation": evaluation, "solve_info": info}))
+    return found
