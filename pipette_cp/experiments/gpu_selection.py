@@ -14,6 +14,8 @@ Three measurements::
    carry a valid gap (``SolveInfo.gap`` not None), and of the layouts it solves.
 4. Every ``optimal`` claim and every bound of both exact placement methods against
    the brute-force oracle on tiny degraded clusters, many leaving GPUs idle.
+5. The exact methods against greedy on the same layouts of degraded 160-GPU
+   clusters with failed pairs.
 
 ``--build`` (re)writes the generated instances of (2) first: each cluster comes
 from a seeded generator with one node's links changed, as its ``source`` says.
@@ -247,11 +249,48 @@ def _tiny(nodes: int, gpus: int, seed: int) -> Instance:
                     search_space=SearchSpace(use_all_gpus=False))  # fmt: skip
 
 
+#: Layouts of the degraded 160-GPU check: (dp, pp, tp).
+DEGRADED_LAYOUTS = ((20, 4, 2), (10, 4, 4), (40, 2, 2), (5, 4, 8))
+
+
+def exact_vs_greedy(limit_s: float = 10.0) -> None:
+    """The exact methods against greedy on the same skeleton, scored by one Evaluator:
+    the exact ones start from the greedy plan among their hints, so never worse."""
+    from pipette_cp.cost.evaluate import Evaluator
+    from pipette_cp.io.model_file import load_model
+    from pipette_cp.solvers import SolveOptions, get_method
+    from pipette_cp.specs import SearchSpace, TrainingSpec
+    from pipette_cp.specs.layouts import make_plan
+
+    print(f"\n## 5. per layout on degraded 20-node (160-GPU) clusters, {limit_s:g} s each")
+    model = load_model("llama-2-7b")
+    worst = 0.0
+    for seed in (0, 1):
+        cluster = generate("g3", nodes=20, seed=seed)
+        instance = Instance(name="g3-160", model=model, cluster=cluster,
+                            training=TrainingSpec(global_batch_size=640, seq_length=4096),
+                            search_space=SearchSpace())  # fmt: skip
+        evaluator = Evaluator(instance)
+        for dp, pp, tp in DEGRADED_LAYOUTS:
+            plan = make_plan(num_layers=model.num_layers, dp=dp, pp=pp, tp=tp,
+                             micro_batch_size=1, distributed_optimizer=True)  # fmt: skip
+            times = {}
+            for method in ("greedy", "cpsat", "milp"):
+                solved = get_method(method)(instance, plan, SolveOptions(time_limit_s=limit_s))
+                times[method] = evaluator.iteration_time(solved)
+            worst = max(worst, times["cpsat"] / times["greedy"], times["milp"] / times["greedy"])
+            print(
+                f"seed {seed} dp{dp}-pp{pp}-tp{tp}: "
+                + ", ".join(f"{m} {t:.4f} s" for m, t in times.items())
+            )
+    print(f"worst exact / greedy: {worst:.4f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipette_cp.experiments.gpu_selection")
     parser.add_argument("--build", action="store_true", help="rewrite the generated instances")
     parser.add_argument("--quick", action="store_true", help="the 17-node case only")
-    parser.add_argument("--part", type=int, choices=(1, 2, 3, 4), help="one measurement only")
+    parser.add_argument("--part", type=int, choices=(1, 2, 3, 4, 5), help="one measurement only")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.build:
         build_instances()
@@ -265,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         gaps()
     if args.part in (None, 4):
         oracle_claims()
+    if args.part in (None, 5):
+        exact_vs_greedy()
     return 0
 
 
