@@ -34,6 +34,7 @@ FIXTURE_TO_BUNDLED = {
     "openai-community--gpt2.json": "gpt2",
     "openai-community--gpt2-xl.json": "gpt2-xl",
     "EleutherAI--gpt-neox-20b.json": "gpt-neox-20b",
+    "mistralai--Mixtral-8x7B-v0.1.json": "mixtral-8x7b",
 }
 
 REQUIRED_BUNDLED = {
@@ -55,7 +56,15 @@ REQUIRED_BUNDLED = {
     "bloom-176b",
     "gpt-neox-20b",
     "tiny-gpt",
+    "qwen3-8b",
+    "mixtral-8x7b",
+    "qwen3-30b-a3b",
+    "qwen3-235b-a22b",
+    "deepseek-v3",
+    "grok-1",
 }
+#: The bundled mixture-of-experts models.
+MOE_BUNDLED = {"mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "grok-1"}
 
 
 def _fixture(name: str) -> dict[str, Any]:
@@ -86,8 +95,8 @@ def test_every_bundled_model_loads(name: str) -> None:
     model = load_model(name)
     assert model.name == name
     assert model.source.strip()
-    assert not model.is_moe
-    assert model.total_params > 0
+    assert model.is_moe == (name in MOE_BUNDLED)
+    assert model.total_params >= model.active_params > 0
 
 
 def test_models_readme_lists_every_model() -> None:
@@ -183,11 +192,15 @@ def test_directory_without_config(tmp_path: Path) -> None:
         load_model(tmp_path)
 
 
-def test_mixtral_is_accepted_then_refused_as_moe() -> None:
+def test_mixtral_is_read_with_its_experts() -> None:
+    # mistralai/Mixtral-8x7B-v0.1: 46,702,792,704 parameters, 12.9B active per token.
     model = load_model(FIXTURES / "mistralai--Mixtral-8x7B-v0.1.json")
-    assert (model.num_experts, model.moe_top_k) == (8, 2)
+    assert (model.num_experts, model.moe_top_k, model.num_moe_layers) == (8, 2, 32)
+    assert model.moe_router_aux_loss_coeff == 0.02
+    assert model.total_params == 46_702_792_704
+    assert round(model.active_params / 1e9, 1) == 12.9
     with pytest.raises(UnsupportedError, match="num_experts=8"):
-        model.require_dense()
+        model.require_dense()  # the dense-only paths (profiler) still refuse it
 
 
 def test_qwen2_has_qkv_biases_only() -> None:

@@ -41,6 +41,7 @@ EXACT = {
     "mistral-7b": (7_241_732_096, "mistralai/Mistral-7B-v0.1 safetensors metadata"),
     "gpt-neox-20b": (20_554_567_680, "EleutherAI/gpt-neox-20b model card; Black et al. 2022"),
     "qwen2-7b": (7_615_616_512, "Qwen/Qwen2-7B safetensors metadata"),
+    "qwen3-8b": (8_190_735_360, "Qwen/Qwen3-8B safetensors metadata (q/k norms included)"),
 }
 
 
@@ -100,6 +101,7 @@ PRINTED = {
     "gpt-neox-20b": ("20.55", 1e9, "Black et al. 2022, GPT-NeoX-20B"),
     "bloom-176b": ("176.2", 1e9, "BigScience 2022, BLOOM model card"),
     "qwen2-7b": ("7.62", 1e9, "Qwen/Qwen2-7B model card"),
+    "qwen3-8b": ("8.2", 1e9, "Qwen/Qwen3-8B model card"),
 }
 
 

@@ -76,17 +76,20 @@ def check_placement_bijection(instance: Instance, plan: Plan) -> list[Violation]
 
 
 def check_tp_within_node(instance: Instance, plan: Plan) -> list[Violation]:
-    """The tp ranks of every unit share one node (tensor parallelism needs NVLink)."""
+    """The tp ranks of every unit share one NVLink domain (a node, or the trays of one
+    NVLink-switch rack): tensor parallelism needs NVLink."""
     cluster = instance.cluster
     found = []
     for u, unit in enumerate(plan.placement):
-        nodes = {cluster.node_of(g) for g in unit if 0 <= g < cluster.num_gpus}
-        if len(nodes) > 1:
+        domains = {cluster.domain_of(g) for g in unit if 0 <= g < cluster.num_gpus}
+        if len(domains) > 1:
             stage, replica = divmod(u, plan.dp)
+            where = "nodes" if cluster.nodes_per_nvlink_domain == 1 else "NVLink domains"
+            spanned = sorted(domains)
             found.append(
                 Violation(
                     "tp_within_node",
-                    f"unit stage {stage} replica {replica} spans nodes {sorted(nodes)}",
+                    f"unit stage {stage} replica {replica} spans {where} {spanned}",
                 )
             )
     return found

@@ -43,8 +43,10 @@ def cluster_from_node_matrix(
     source: str = "",
     intra_node_latency_s: float = 5e-6,
     inter_node_latency_s: float = 10e-6,
+    nodes_per_nvlink_domain: int = 1,
 ) -> ClusterSpec:
-    """A homogeneous cluster whose GPU pairs inherit their node pair's bandwidth."""
+    """A homogeneous cluster whose GPU pairs inherit their node pair's bandwidth
+    (``nodes_per_nvlink_domain``: consecutive nodes of one NVLink domain)."""
     num_nodes = int(node_bandwidth.shape[0])
     width = max(3, len(str(num_nodes - 1)))
     return validate_spec(
@@ -63,6 +65,7 @@ def cluster_from_node_matrix(
             "intra_node_latency_s": intra_node_latency_s,
             "inter_node_latency_s": inter_node_latency_s,
             "source": source,
+            "nodes_per_nvlink_domain": nodes_per_nvlink_domain,
         },
         "cluster",
     )

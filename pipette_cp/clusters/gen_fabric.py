@@ -92,6 +92,11 @@ class Fabric:
         One pair (i, j) with a fixed direction split ``a`` (the 31 % outlier).
     events : EventProcess | None
         Transient slow-link events, stepped before each snapshot's noise is drawn.
+    ceiling : numpy.ndarray | None
+        Node x node cap on a snapshot's bandwidth, bytes/s (a link that noise cannot
+        lift above its nominal rate, such as NVLink between the trays of a rack).
+    nodes_per_nvlink_domain : int
+        Consecutive nodes forming one NVLink domain (``ClusterSpec``'s field).
     """
 
     label: str
@@ -109,6 +114,8 @@ class Fabric:
     extra_transient_sigma: float = 0.0
     outlier: tuple[int, int, float] | None = None
     events: EventProcess | None = None
+    ceiling: np.ndarray | None = None
+    nodes_per_nvlink_domain: int = 1
 
     @property
     def num_nodes(self) -> int:
@@ -134,6 +141,8 @@ class Fabric:
             split[i, j], split[j, i] = a, -a
         log += split / 2.0
         matrix = np.exp(log)
+        if self.ceiling is not None:
+            matrix = np.minimum(matrix, self.ceiling)
         matrix[self.failed] = 0.0
         np.fill_diagonal(matrix, 0.0)
         return matrix
@@ -150,6 +159,7 @@ class Fabric:
             name=name,
             node_groups=tuple(int(g) for g in self.groups),
             source=self.source,
+            nodes_per_nvlink_domain=self.nodes_per_nvlink_domain,
         )
 
     def snapshots(self, rng: np.random.Generator, count: int) -> list[ClusterSpec]:

@@ -192,13 +192,19 @@ def _keyword(
 
 
 def leaf_generator(
-    kind: str, *, gpu: str, nics_per_node: int, nic_gbytes_per_s: float, **noise: float
+    kind: str,
+    *,
+    gpu: str,
+    nics_per_node: int,
+    nic_gbytes_per_s: float,
+    gpus_per_node: int = 8,
+    **noise: float,
 ) -> Callable[[Callable[..., Fabric]], Callable[..., Fabric]]:
     """Decorator of a leaf-structured generator ``func(rng, common, *, own parameters)``.
 
     The generator it makes takes ``rng`` and, keyword-only, ``nodes``,
-    ``gpus_per_node`` (default 8), ``gpu``, ``nics_per_node`` and ``nic_gbytes_per_s``
-    (defaults given here), ``func``'s own parameters, then the noise parameters
+    ``gpus_per_node``, ``gpu``, ``nics_per_node`` and ``nic_gbytes_per_s``
+    (defaults given here, ``gpus_per_node`` 8 unless given), ``func``'s own parameters, then the noise parameters
     (:data:`NOISE_DEFAULTS`, ``noise`` overriding some); its signature lists them all
     (:func:`parameters_of` reads it).  It checks ``nodes >= 1``, ``gpus_per_node >= 1``,
     ``nics_per_node >= 1`` and ``nic_gbytes_per_s`` in (0, 1e4], then calls ``func``
@@ -214,7 +220,7 @@ def leaf_generator(
         rng, _, *own = signature.parameters.values()
         head = [
             _keyword("nodes", "int"),
-            _keyword("gpus_per_node", "int", 8),
+            _keyword("gpus_per_node", "int", gpus_per_node),
             _keyword("gpu", "str", gpu),
             _keyword("nics_per_node", "int", nics_per_node),
             _keyword("nic_gbytes_per_s", "float", nic_gbytes_per_s),

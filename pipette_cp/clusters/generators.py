@@ -14,7 +14,10 @@ themselves (documented parameters and defaults, with their sources) are
 :func:`~pipette_cp.clusters.gen_faults.oversubscribed` (G4),
 :func:`~pipette_cp.clusters.gen_healthy.v100_cube` (G5) and
 :func:`~pipette_cp.clusters.gen_failslow.failslow` (G6); the statistics each must
-reach are :attr:`GeneratorInfo.targets` (checked by :func:`check_targets`).
+reach are :attr:`GeneratorInfo.targets` (checked by :func:`check_targets`).  Rack-scale
+systems whose NVLink domains span several nodes are registered beside them in
+:data:`RACK_GENERATORS`: :func:`~pipette_cp.clusters.gen_nvl.gb200_nvl72` (G7, alias
+``nvl72``), racks of 18 GB200 trays x 4 GPUs; :data:`ALL_GENERATORS` holds both.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from pipette_cp.clusters.gen_faults import (
     oversubscribed,
 )
 from pipette_cp.clusters.gen_healthy import h100_multileaf, healthy_a100, v100_cube
+from pipette_cp.clusters.gen_nvl import NVL72_SOURCES, gb200_nvl72
 from pipette_cp.clusters.gen_params import call_builder, integer, parameters_of
 from pipette_cp.clusters.gen_targets import Range, Targets, measure, measure_timeline
 from pipette_cp.errors import SpecError
@@ -222,15 +226,43 @@ GENERATORS: dict[str, GeneratorInfo] = {
     )
 }
 
-_BY_ALIAS = {info.alias: info for info in GENERATORS.values()}
+
+def _targets_g7(params: Mapping[str, Any]) -> Targets:
+    nic = float(params.get("nic_gbytes_per_s", 40.0))
+    ratio = nic / float(params.get("nvlink_gbytes_per_s", 900.0))
+    return Targets(
+        healthy_cv=None,  # NVLink inside a rack, NICs across: two levels 20x apart
+        degraded_fraction=None,
+        cross_group_ratio_all=(0.9 * ratio, 1.1 * ratio),
+        min_nodes=36,
+        notes="across racks / inside a rack ~ nic / nvlink (40 / 900), the NVLink pairs "
+        "capped at the nominal rate",
+    )
+
+
+#: Rack-scale systems: NVLink domains of several nodes (``nodes_per_nvlink_domain``).
+RACK_GENERATORS: dict[str, GeneratorInfo] = {
+    "gb200-nvl72": GeneratorInfo(
+        "gb200-nvl72",
+        "nvl72",
+        "G7 GB200 NVL72 racks: 18 trays x 4 GPUs per NVLink domain, ConnectX-7 across",
+        gb200_nvl72,
+        NVL72_SOURCES,
+        _targets_g7,
+    )
+}
+#: Every registered generator.
+ALL_GENERATORS: dict[str, GeneratorInfo] = {**GENERATORS, **RACK_GENERATORS}
+
+_BY_ALIAS = {info.alias: info for info in ALL_GENERATORS.values()}
 
 
 def generator_info(kind: str) -> GeneratorInfo:
-    """The registered generator called ``kind`` or its alias (``g1`` ... ``g6``)."""
+    """The registered generator called ``kind`` or its alias (``g1`` ... ``g6``, ``nvl72``)."""
     key = kind.strip().lower() if isinstance(kind, str) else None  # a list is no kind either
-    info = (GENERATORS.get(key) or _BY_ALIAS.get(key)) if key is not None else None
+    info = (ALL_GENERATORS.get(key) or _BY_ALIAS.get(key)) if key is not None else None
     if info is None:
-        known = ", ".join(f"{i.kind} ({i.alias})" for i in GENERATORS.values())
+        known = ", ".join(f"{i.kind} ({i.alias})" for i in ALL_GENERATORS.values())
         raise SpecError("generator.kind", kind, f"unknown generator; known: {known}")
     return info
 
@@ -269,7 +301,7 @@ def generate(
     Parameters
     ----------
     kind : str
-        A key of :data:`GENERATORS` or its alias ``g1`` ... ``g6``.
+        A key of :data:`ALL_GENERATORS` or its alias (``g1`` ... ``g6``, ``nvl72``).
     nodes : int
         Number of servers (>= 1: one node is a single NVLink domain with no node pairs;
         ``oversubscribed`` needs two pods; statistics match their targets from ~16).

@@ -1,7 +1,8 @@
 """Fitted and fixed parameters of the compute and memory models, per GPU type.
 
 A deliberately small table: two fitted compute parameters per GPU type
-(``gemm_efficiency_max``, ``gemm_half_saturation_flops``), two fitted memory
+(``gemm_efficiency_max``, ``gemm_half_saturation_flops``; the FP8 GEMM ceiling
+``fp8_gemm_efficiency_max`` where the GPU has FP8 tensor cores), two fitted memory
 parameters shared by every GPU (``runtime_bytes``, ``allocator_fraction``), and a
 few fixed physical constants with their sources.  Every fitted number says on
 which rows of ``instances/calibration/published_runs_calibration.csv`` and by
@@ -26,6 +27,8 @@ from pipette_cp.units import TFLOPS, GiB
 
 #: Command that re-fits the compute and memory parameters and prints this table.
 FIT_COMMAND = "python -m pipette_cp.experiments.accuracy --fit"
+#: Command that re-fits the FP8 GEMM ceiling and prints its held-out accuracy.
+FP8_FIT_COMMAND = "python -m pipette_cp.experiments.fp8_accuracy --fit"
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,9 @@ class GpuCalibration:
     flash_attention_efficiency: float
     fitted: bool
     provenance: str
+    #: ceiling of the FP8 layer GEMMs as a fraction of the FP8 peak (``eta_fp8``; the fixed
+    #: per-GEMM time ``W_half / (peak x eta_max)`` is the bf16 GEMMs'); NaN: no FP8 cores
+    fp8_gemm_efficiency_max: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,20 @@ _FITTED = {
     "H100": (132, 0.675, 3e10, _FLASH_EFF_H100, _H100_ROWS),
 }
 
+#: FP8 GEMM ceiling ``eta_fp8`` (fraction of the dense FP8 peak) per GPU family with FP8
+#: tensor cores, and the rows it was fitted on: the fit side of the NeMo 24.07 FP8 rows of
+#: ``published_runs_moe_cp.csv`` (Transformer Engine, delayed scaling; 7 rows), grid step
+#: 0.005 minimising MAPE + 0.25 x worst step-time error (MAPE 3.3 %, held-out 6.5 %).
+_FP8_FITTED = {"H100": (0.660, "NeMo 24.07 FP8 performance summary (7 rows)")}
+
+
+def _provenance(family: str, rows: str) -> str:
+    text = f"fitted on {rows}: {_GRID}; `{FIT_COMMAND}`"
+    if family in _FP8_FITTED:
+        text += f"; FP8 ceiling fitted on {_FP8_FITTED[family][1]}: `{FP8_FIT_COMMAND}`"
+    return text
+
+
 #: Compute calibration per GPU family (matched on the GpuSpec name).
 GPU_CALIBRATION: dict[str, GpuCalibration] = {
     family: GpuCalibration(
@@ -99,7 +119,8 @@ GPU_CALIBRATION: dict[str, GpuCalibration] = {
         hbm_efficiency=_HBM_EFFICIENCY,
         flash_attention_efficiency=flash,
         fitted=True,
-        provenance=f"fitted on {rows}: {_GRID}; `{FIT_COMMAND}`",
+        provenance=_provenance(family, rows),
+        fp8_gemm_efficiency_max=_FP8_FITTED.get(family, (math.nan, ""))[0],
     )
     for family, (num_sms, eta_max, half, flash, rows) in _FITTED.items()
 }
@@ -115,6 +136,7 @@ DEFAULT_GPU_CALIBRATION = GpuCalibration(
     flash_attention_efficiency=min(_FLASH_EFF_A100, _FLASH_EFF_H100),
     fitted=False,
     provenance="not fitted: the most pessimistic fitted values (no calibration rows)",
+    fp8_gemm_efficiency_max=min(eta for eta, _ in _FP8_FITTED.values()),
 )
 
 #: H200 is the H100 chip with more and faster HBM (the GpuSpec carries both).
@@ -163,6 +185,11 @@ def calibration_for(gpu: GpuSpec) -> GpuCalibration:
 def peak_flops(gpu: GpuSpec) -> float:
     """Dense tensor-core peak of ``gpu``, FLOP/s (never below 1 TFLOP/s)."""
     return max(gpu.peak_flops_per_s, _MIN_PEAK)
+
+
+def peak_fp8_flops(gpu: GpuSpec) -> float:
+    """Dense FP8 tensor-core peak of ``gpu``, FLOP/s (the bf16 peak where it has none)."""
+    return max(gpu.peak_fp8_flops_per_s or gpu.peak_flops_per_s, _MIN_PEAK)
 
 
 # ----------------------------------------------------------------------- fitting

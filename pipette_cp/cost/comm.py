@@ -11,7 +11,11 @@ Model (docs/design.md, section 3, "Communication over a measured matrix"):
 - flows that leave (or enter) a node at the same time share its NICs: with
   ``k`` concurrent inter-node flows out of a node, each gets at most
   ``nics_per_node * nic_bandwidth / k`` (and the same on the receiving
-  node), so ``bw = min(B[i, j], cap / k_out, cap / k_in)``;
+  node), so ``bw = min(B[i, j], cap / k_out, cap / k_in)``; where NVLink
+  domains span several nodes (``ClusterSpec.nodes_per_nvlink_domain``, a GB200
+  NVL72 rack) only flows that leave the domain go through NICs, while a flow
+  between two nodes of one domain runs over NVLink at ``B[i, j]`` (its latency
+  is still the inter-node one);
 - a ring collective over ``n`` GPUs moves ``2 (n-1)/n`` (all-reduce) or
   ``(n-1)/n`` (reduce-scatter, all-gather) of the buffer over every link of
   the ring and is paced by the slowest link, plus one latency per step;
@@ -53,6 +57,8 @@ class Fabric:
         GPU x GPU start-up latency, s (intra- or inter-node value).
     node_of : numpy.ndarray
         Node index of every GPU.
+    domain_of : numpy.ndarray
+        NVLink domain of every GPU (``node_of`` itself when each node is one).
     nic_capacity_bytes_per_s : float
         ``nics_per_node * nic_bandwidth_bytes_per_s``: what all inter-node
         flows of one node share, per direction.
@@ -67,6 +73,8 @@ class Fabric:
     num_nodes: int
     intra_node_latency_s: float = 0.0
     inter_node_latency_s: float = 0.0
+    #: NVLink domain of every GPU (None: its node)
+    domain_of: np.ndarray = None  # type: ignore[assignment]
     #: ``bandwidth`` flattened: ``B[i, j]`` is ``flat_bandwidth[i * num_gpus + j]``.
     flat_bandwidth: np.ndarray = field(init=False, repr=False)
 
@@ -88,7 +96,9 @@ class Fabric:
         node_of = np.arange(cluster.num_gpus) // cluster.gpus_per_node
         same_node = node_of[:, None] == node_of[None, :]
         latency = np.where(same_node, cluster.intra_node_latency_s, cluster.inter_node_latency_s)
-        for array in (node_of, latency):
+        per = cluster.nodes_per_nvlink_domain
+        domain_of = node_of // per if per > 1 else node_of
+        for array in (node_of, latency, domain_of):
             array.flags.writeable = False
         return cls(
             bandwidth=cluster.bandwidth_bytes_per_s,
@@ -98,10 +108,13 @@ class Fabric:
             num_nodes=cluster.num_nodes,
             intra_node_latency_s=cluster.intra_node_latency_s,
             inter_node_latency_s=cluster.inter_node_latency_s,
+            domain_of=domain_of,
         )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flat_bandwidth", self.bandwidth.reshape(-1))
+        if self.domain_of is None:
+            object.__setattr__(self, "domain_of", self.node_of)
 
     @property
     def num_gpus(self) -> int:
@@ -162,17 +175,22 @@ def shared_nic_flows(
     if not cross.any():
         return bw, np.full(bw.shape, fabric.intra_node_latency_s)
     latency = np.where(cross, fabric.inter_node_latency_s, fabric.intra_node_latency_s)
+    nic = cross  # through the NICs: the flows that leave an NVLink domain
+    if fabric.domain_of is not fabric.node_of:
+        nic = fabric.domain_of[src] != fabric.domain_of[dst]
+        if not nic.any():
+            return bw, latency
     out_key, in_key = src_node, dst_node
     if not isinstance(offset, int) or offset:
         out_key, in_key = src_node + offset, dst_node + offset
     size = size or int(max(out_key.max(), in_key.max())) + 1
-    k_out = np.bincount(out_key[cross], minlength=size)
-    k_in = np.bincount(in_key[cross], minlength=size)
-    # NIC share per flow: cap / k, k = concurrent inter-node flows at that end
-    # (docs/design.md, section 3); flows inside a node keep B[i, j]
+    k_out = np.bincount(out_key[nic], minlength=size)
+    k_in = np.bincount(in_key[nic], minlength=size)
+    # NIC share per flow: cap / k, k = concurrent flows through that end's NICs
+    # (docs/design.md, section 3); flows inside a node (an NVLink domain) keep B[i, j]
     k = np.maximum(k_out[out_key], k_in[in_key])
     share = fabric.nic_capacity_bytes_per_s / np.maximum(k, 1)
-    return np.where(cross, np.minimum(bw, share), bw), latency
+    return np.where(nic, np.minimum(bw, share), bw), latency
 
 
 def flow_bandwidths(
@@ -184,9 +202,9 @@ def flow_bandwidths(
 ) -> np.ndarray:
     """Bandwidth each of a set of *concurrent* flows ``src[i] -> dst[i]`` gets, bytes/s.
 
-    Flows between GPUs of one node get ``B[i, j]``.  Inter-node flows share
-    their nodes' NICs: with ``k_out`` flows leaving the source node and
-    ``k_in`` entering the destination node at once, each gets
+    Flows between GPUs of one node (of one NVLink domain) get ``B[i, j]``.  Flows
+    between domains share their nodes' NICs: with ``k_out`` such flows leaving the
+    source node and ``k_in`` entering the destination node at once, each gets
     ``min(B[i, j], cap / k_out, cap / k_in)`` (docs/design.md, section 3:
     concurrent inter-node flows of a node share its NICs).  ``group``
     (optional, one id per flow) splits the flows into sets that do *not*

@@ -4,7 +4,11 @@ Per layer and tensor-parallel rank: every GEMM (GQA and SwiGLU widths derived)
 at a size-dependent achieved FLOP/s capped by the HBM roofline, memory-bound
 element-wise work at HBM bandwidth, and the TP collectives over the intra-node
 link.  Backward = 2 x the forward GEMMs (FlashAttention 2.5 x); full recompute
-adds one forward, selective the attention core.  Parameters per GPU type live in
+adds one forward, selective the attention core.  Under fp8 training the layer GEMMs
+(QKV, projection, FC1, FC2) run at the FP8 ceiling (:func:`fp8_gemm_time_s`) plus the
+HBM traffic of their casts to FP8 (:func:`pipette_cp.cost.kernels.fp8_cast_bytes`);
+the attention core, the LM head and the element-wise kernels stay bf16 (Megatron builds
+its output layer outside Transformer Engine).  Parameters per GPU type live in
 :mod:`pipette_cp.cost.calibration`; a :class:`~pipette_cp.specs.profile.LayerProfile`
 of measured per-layer times replaces the estimate.  The GEMMs and FLOP counts live in
 :mod:`pipette_cp.cost.flops`.
@@ -21,6 +25,7 @@ from pipette_cp.cost.calibration import (
     GpuCalibration,
     calibration_for,
     peak_flops,
+    peak_fp8_flops,
 )
 from pipette_cp.cost.flops import ATTENTION_CORE, Gemm, layer_gemms
 from pipette_cp.cost.framework import attention_scale, framework_calibration
@@ -29,8 +34,12 @@ from pipette_cp.cost.kernels import (
     SOFTMAX_BYTES,
     activation_bytes,
     attention_kernel,
+    check_precision,
+    fp8_cast_bytes,
+    fp8_gemm_rate,
     fused_attention_efficiency,
     norm_bytes,
+    uses_fp8,
 )
 from pipette_cp.cost.memory import padded_vocab_size, stage_params_per_gpu
 from pipette_cp.errors import SpecError
@@ -75,6 +84,19 @@ def gemm_time_s(gemm: Gemm, gpu: GpuSpec, cal: GpuCalibration) -> float:
     compute = work / (cal.gemm_efficiency_max * peak_flops(gpu))
     # Roofline: both operands and the result read/written once, 2 B each.
     traffic = 2.0 * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n) * gemm.batch
+    return max(compute, _hbm_time_s(traffic, gpu, cal))
+
+
+def fp8_gemm_time_s(gemm: Gemm, gpu: GpuSpec, cal: GpuCalibration, rate: float = 1.0) -> float:
+    """Time of one FP8 GEMM: ``W / q / (eta_fp8 x rate x fp8 peak)`` plus the bf16 GEMMs'
+    fixed time ``W_half / (eta_max x peak)`` (the same launch, prologue and epilogue), at
+    least its HBM traffic (FP8 operands, 1 B; bf16 result, 2 B).  ``rate`` is the recipe's
+    kernel speed (:data:`pipette_cp.cost.kernels.FP8_RECIPE_RATE`); the casts to FP8 are
+    timed apart (:func:`pipette_cp.cost.kernels.fp8_cast_bytes`)."""
+    ceiling = cal.fp8_gemm_efficiency_max * rate * peak_fp8_flops(gpu)
+    fixed = cal.gemm_half_saturation_flops / (cal.gemm_efficiency_max * peak_flops(gpu))
+    compute = gemm.flops / wave_efficiency(gemm, cal.num_sms) / ceiling + fixed
+    traffic = (gemm.m * gemm.k + gemm.k * gemm.n + 2.0 * gemm.m * gemm.n) * gemm.batch
     return max(compute, _hbm_time_s(traffic, gpu, cal))
 
 
@@ -179,8 +201,19 @@ def layer_times(
     dense = [g for g in layer_gemms(model, s, b, t) if g.name not in ATTENTION_CORE]
     core_fwd, core_bwd = _attention_core_times(model, training, gpu, plan, cal)
     elementwise = _hbm_time_s(_elementwise_forward_bytes(model, training, plan), gpu, cal)
-    fwd_compute = sum(gemm_time_s(g, gpu, cal) for g in dense) + core_fwd + elementwise
-    bwd_gemms = sum(gemm_time_s(x, gpu, cal) for g in dense for x in g.backward())
+    if uses_fp8(training):  # the layer GEMMs in FP8 (Transformer Engine), plus their casts
+        check_precision(training, gpu)
+        rate = fp8_gemm_rate(training)
+        fwd_gemms = sum(fp8_gemm_time_s(g, gpu, cal, rate) for g in dense)
+        bwd_gemms = sum(fp8_gemm_time_s(x, gpu, cal, rate) for g in dense for x in g.backward())
+        cast_fwd, cast_bwd = (
+            _hbm_time_s(x, gpu, cal) for x in fp8_cast_bytes(model, training, plan)
+        )
+        fwd_gemms, bwd_gemms = fwd_gemms + cast_fwd, bwd_gemms + cast_bwd
+    else:
+        fwd_gemms = sum(gemm_time_s(g, gpu, cal) for g in dense)
+        bwd_gemms = sum(gemm_time_s(x, gpu, cal) for g in dense for x in g.backward())
+    fwd_compute = fwd_gemms + core_fwd + elementwise
     # Backward of element-wise kernels reads the saved input and the output gradient
     # and writes the input gradient: ~2 x the forward traffic (assumption).
     bwd_compute = bwd_gemms + core_bwd + 2.0 * elementwise
@@ -314,6 +347,7 @@ def chunk_times(
         A non-positive TP bandwidth with ``tp > 1``, or a profile without the plan.
     """
     cal = framework_calibration(calibration or calibration_for(gpu), training)
+    check_precision(training, gpu)  # also where measured layer times replace the model
     if plan.tp > 1 and not tp_bandwidth_bytes_per_s > 0:
         raise SpecError(
             "tp_bandwidth_bytes_per_s",

@@ -53,10 +53,11 @@ Ops = list[DpOp]
 
 
 def gradient_wire_bytes(training: TrainingSpec) -> float:
-    """Bytes per gradient element on the wire: under bf16 the framework's gradient
-    buffer (Megatron reduces its fp32 buffer: 4; a framework keeping two copies, such as
-    DeepSpeed's BF16 optimizer, reduces the fp32 one), under fp16 the 2-byte gradients."""
-    if training.precision == "bf16":
+    """Bytes per gradient element on the wire: under bf16 (and fp8, bf16 mixed precision
+    with FP8 GEMMs) the framework's gradient buffer (Megatron reduces its fp32 buffer: 4;
+    a framework keeping two copies, such as DeepSpeed's BF16 optimizer, reduces the fp32
+    one), under fp16 the 2-byte gradients."""
+    if training.precision in ("bf16", "fp8"):
         return min(resolve_framework(training.framework).gradient_bytes, 4.0)
     return float(BYTES_PER_ELEMENT[training.precision])
 

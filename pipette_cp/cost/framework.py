@@ -44,6 +44,11 @@ class Framework:
     memory_margin: float = 0.0
     #: constant memory beyond the tensors (None: the calibrated MEMORY_CALIBRATION value)
     runtime_bytes: float | None = None
+    #: FP8 (Transformer Engine): the FP8 weight copies are cast once per step and kept
+    #: (Megatron passes ``is_first_microbatch``), and a GEMM keeps its FP8 input for the
+    #: weight gradient instead of the bf16 one; false for torchao's Float8Linear, which
+    #: saves the high-precision input and weight and casts them at every GEMM
+    fp8_keeps_fp8_tensors: bool = True
 
     def compute_scale(self, gpu_family: str) -> float:
         """The factor on the calibrated compute rates on a GPU of ``gpu_family``."""
@@ -121,6 +126,9 @@ FRAMEWORKS: dict[str, Framework] = {
         gpu_efficiency=(("A100", 1.043), ("H100", 0.887)),
         keeps_compute_weights=False,
         runtime_bytes=_FSDP_RUNTIME_BYTES,
+        # torchao float8 (torchtitan's Float8): matmul_with_hp_or_float8_args saves
+        # (input_hp, weight_hp_t) for backward and casts both at every call
+        fp8_keeps_fp8_tensors=False,
     ),
 }
 
@@ -158,8 +166,8 @@ def resolve_framework(profile: FrameworkProfile) -> Framework:
 
 
 def framework_calibration(cal: GpuCalibration, training: TrainingSpec) -> GpuCalibration:
-    """``cal`` with the GEMM ceiling and the HBM rate scaled by the framework's
-    ``compute_efficiency`` (fused attention: :func:`attention_scale`)."""
+    """``cal`` with the GEMM ceilings (bf16 and FP8) and the HBM rate scaled by the
+    framework's ``compute_efficiency`` (fused attention: :func:`attention_scale`)."""
     eff = resolve_framework(training.framework).compute_scale(cal.gpu_family)
     if eff == 1.0:
         return cal
@@ -167,6 +175,7 @@ def framework_calibration(cal: GpuCalibration, training: TrainingSpec) -> GpuCal
         cal,
         gemm_efficiency_max=cal.gemm_efficiency_max * eff,
         hbm_efficiency=cal.hbm_efficiency * eff,
+        fp8_gemm_efficiency_max=cal.fp8_gemm_efficiency_max * eff,
     )
 
 

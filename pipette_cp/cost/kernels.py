@@ -4,16 +4,28 @@ The training spec names the stack's attention kernel and whether the norms are
 fused (:class:`~pipette_cp.specs.training.TrainingSpec`); the plan's
 ``flash_attention`` chooses between the fused attention kernel and the unfused
 path.  The time and memory models read the kernel through :func:`attention_kernel`
-and :func:`uses_fused_attention`, so a kernel is named in one place.
+and :func:`uses_fused_attention`, so a kernel is named in one place.  FP8 training
+(``training.precision``) is named here too: which GPUs run which recipe
+(:func:`check_precision`), the recipe and format in effect, and the traffic of the casts
+to FP8.
 """
 
 from __future__ import annotations
 
+import re
+
+from pipette_cp.cost.framework import resolve_framework
 from pipette_cp.errors import SpecError
 from pipette_cp.specs.gpu import GpuSpec
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
-from pipette_cp.specs.training import FUSED_ATTENTION, AttentionKernel, TrainingSpec
+from pipette_cp.specs.training import (
+    FUSED_ATTENTION,
+    AttentionKernel,
+    Fp8Format,
+    Fp8Recipe,
+    TrainingSpec,
+)
 
 #: Fraction of peak reached by fused attention (forward + backward) on Hopper, by kernel.
 #: FlashAttention-2 reaches 35 % of H100 peak and FlashAttention-3 1.5-2.0x that
@@ -63,6 +75,20 @@ NVIDIA_ONLY_ATTENTION: tuple[AttentionKernel, ...] = ("flash1", "cudnn")
 ALTERNATIVES: tuple[AttentionKernel, ...] = (
     "flash2", "flash1", "cudnn", "fused-softmax", "eager", "sdpa-math"
 )  # fmt: skip
+
+
+#: Blackwell and later GPU names (compute capability >= 10): B100, B200, GB200, B300, ...
+BLACKWELL_NAME = re.compile(r"(^|[^A-Za-z])G?B[1-9]\d{2}($|[^0-9])|blackwell", re.IGNORECASE)
+
+
+def is_blackwell(gpu: GpuSpec) -> bool:
+    """Whether ``gpu`` is an NVIDIA Blackwell part or later (B200, GB200), by its name.
+
+    >>> from pipette_cp.specs.gpu import resolve_gpu
+    >>> is_blackwell(resolve_gpu("gb200")), is_blackwell(resolve_gpu("h100"))
+    (True, False)
+    """
+    return gpu.vendor == "NVIDIA" and BLACKWELL_NAME.search(gpu.name) is not None
 
 
 def is_hopper(gpu: GpuSpec) -> bool:
@@ -156,3 +182,115 @@ def unfused_activation_extra_bytes(model: ModelSpec, training: TrainingSpec) -> 
     """Bytes per element of T f / t the activation keeps beyond Korthikanti's count."""
     unfused_swiglu = model.activation == "swiglu" and not training.fused_bias_activation
     return UNFUSED_SWIGLU_EXTRA_BYTES if unfused_swiglu else 0.0
+
+
+# ------------------------------------------------------------------------------ FP8
+#: Transformer Engine's default format of each recipe (``transformer_engine.common.recipe``:
+#: DelayedScaling and Float8CurrentScaling default to HYBRID, Float8BlockScaling and
+#: MXFP8BlockScaling to E4M3).
+FP8_DEFAULT_FORMAT: dict[Fp8Recipe, Fp8Format] = {
+    "delayed": "hybrid", "tensorwise": "hybrid", "blockwise": "e4m3", "mxfp8": "e4m3"
+}  # fmt: skip
+#: HBM bytes per element of one FP8 cast of a GEMM input (an activation in forward, an
+#: output gradient in backward): read the bf16 tensor (2 B), write the FP8 row-wise and
+#: column-wise copies (1 + 1 B; Hopper needs the column-wise one transposed, MXFP8's
+#: 32 x 1 blocks differ from its 1 x 32 ones: Transformer Engine, "Performance
+#: considerations" and "MXFP8", Handling transposes), in one fused kernel.  Delayed
+#: scaling takes last step's scale and records the amax in that kernel; block scaling
+#: finds each block's amax locally; current (tensorwise) scaling first reads the
+#: tensor once more for its amax (+2 B).
+FP8_CAST_BYTES: dict[Fp8Recipe, float] = {
+    "delayed": 4.0, "tensorwise": 6.0, "blockwise": 4.0, "mxfp8": 4.0
+}  # fmt: skip
+#: Achieved FP8 GEMM rate of each recipe relative to delayed and tensor-wise scaling's
+#: kernel: Transformer Engine's "GEMM speedups across precisions" (5B model's layer GEMMs
+#: with quantization, over BF16): on H200 delayed 1.69x and block scaling 1.41x (0.83);
+#: on B300 delayed 1.61x and MXFP8 1.44x (0.89).
+FP8_RECIPE_RATE: dict[Fp8Recipe, float] = {
+    "delayed": 1.0, "tensorwise": 1.0, "blockwise": 0.83, "mxfp8": 0.89
+}  # fmt: skip
+#: The recipes on each architecture (Megatron-Core low-precision training guide,
+#: "Hardware and recipe compatibility": delayed and tensorwise on Hopper, Ada and
+#: Blackwell; blockwise on Hopper and Blackwell; mxfp8 on Blackwell).  An AMD GPU with FP8
+#: tensor cores (MI300X) runs the tensor-scaled recipes.
+_BLOCK_RECIPES = {"blockwise": "Hopper or Blackwell GPUs (H100, H200, B200, GB200)",
+                  "mxfp8": "Blackwell GPUs (B200, GB200)"}  # fmt: skip
+
+
+def uses_fp8(training: TrainingSpec) -> bool:
+    """Whether the transformer layers' GEMMs run in FP8."""
+    return training.precision == "fp8"
+
+
+def keeps_fp8_tensors(training: TrainingSpec) -> bool:
+    """Whether FP8 training keeps FP8 weight copies and FP8 GEMM inputs for backward
+    (Transformer Engine), rather than bf16 ones (torchao): the framework says."""
+    return uses_fp8(training) and resolve_framework(training.framework).fp8_keeps_fp8_tensors
+
+
+def fp8_recipe(training: TrainingSpec) -> Fp8Recipe:
+    """The FP8 scaling recipe (Megatron's default, delayed, when none is named)."""
+    return training.fp8_recipe or "delayed"
+
+
+def fp8_format(training: TrainingSpec) -> Fp8Format:
+    """The FP8 format (Transformer Engine's default of the recipe when none is named)."""
+    return training.fp8_format or FP8_DEFAULT_FORMAT[fp8_recipe(training)]
+
+
+def check_precision(training: TrainingSpec, gpu: GpuSpec) -> None:
+    """Refuse a precision ``gpu`` cannot run.
+
+    Raises
+    ------
+    SpecError
+        FP8 on a GPU without FP8 tensor cores (no ``peak_fp8_flops_per_s``: V100, A100);
+        blockwise scaling elsewhere than on Hopper or Blackwell, MXFP8 elsewhere than on
+        Blackwell.
+    """
+    if not uses_fp8(training):
+        return
+    if gpu.peak_fp8_flops_per_s is None:
+        raise SpecError(
+            "training.precision",
+            "fp8",
+            f"FP8 needs FP8 tensor cores (H100, H200, B200, GB200, MI300X); {gpu.name} has "
+            "none (its peak_fp8_flops_per_s is not set)",
+        )
+    recipe = fp8_recipe(training)
+    if recipe not in _BLOCK_RECIPES:
+        return
+    allowed = is_blackwell(gpu) or (recipe == "blockwise" and is_hopper(gpu))
+    if not allowed:
+        raise SpecError(
+            "training.fp8_recipe",
+            recipe,
+            f"runs on {_BLOCK_RECIPES[recipe]} only, not {gpu.name}; use delayed, "
+            + ("tensorwise or blockwise" if is_hopper(gpu) else "or tensorwise"),
+        )
+
+
+def fp8_gemm_rate(training: TrainingSpec) -> float:
+    """The FP8 GEMM rate of the training's recipe relative to delayed scaling's."""
+    return FP8_RECIPE_RATE[fp8_recipe(training)]
+
+
+def fp8_cast_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> tuple[float, float]:
+    """HBM bytes of one layer's casts to FP8 for one micro-batch on one GPU, (forward,
+    backward): the inputs of QKV, projection, FC1 and FC2 in forward (the QKV and FC1
+    inputs before the sequence-parallel all-gather, which then moves FP8), their output
+    gradients in backward, :data:`FP8_CAST_BYTES` per element.  A framework that keeps no
+    FP8 weights (torchao) also casts every GEMM's weight in forward and again in backward;
+    Transformer Engine casts them once per step (not counted)."""
+    tokens = training.seq_length * plan.micro_batch_size
+    h, f, t = model.hidden_size, model.ffn_hidden_size, plan.tp
+    q, kv = model.num_attention_heads * model.head_size, model.kv_heads * model.head_size
+    fc1 = (2 if model.activation == "swiglu" else 1) * f
+    hidden = h / t if plan.sequence_parallel else float(h)  # per token, one hidden vector
+    forward = tokens * (2 * hidden + (q + f) / t)
+    backward = tokens * ((q + 2 * kv + fc1) / t + 2 * hidden)
+    if not keeps_fp8_tensors(training):
+        weights = h * (q + 2 * kv + fc1) / t + (q + f) * h / t
+        forward, backward = forward + weights, backward + weights
+    per_element = FP8_CAST_BYTES[fp8_recipe(training)]
+    return forward * per_element, backward * per_element

@@ -35,8 +35,9 @@ def num_micro_batches(instance: Instance, plan: Plan) -> int:
 def check_knobs(instance: Instance, plan: Plan) -> None:
     """Raise :class:`LayoutError` for the first failing check that ignores the placement.
 
-    In order: dense model; tp within a node and dividing the attention and
-    key/value heads; dp * pp * tp GPUs; dp * micro-batch dividing the global
+    In order: dense model; tp within a node (beyond a node: a multiple of
+    gpus_per_node dividing the GPUs of an NVLink domain) and dividing the attention
+    and key/value heads; dp * pp * tp GPUs; dp * micro-batch dividing the global
     batch; the layer split; interleaving (pp > 1, pp dividing the micro-batches
     as Megatron requires).
     """
@@ -49,7 +50,7 @@ def check_knobs(instance: Instance, plan: Plan) -> None:
         raise LayoutError("model.num_experts", model.num_experts,
                           f"num_experts={model.num_experts}: mixture-of-experts models are not modelled")  # fmt: skip
     if tp > g:
-        raise LayoutError("plan.tp", tp, f"tp={tp} exceeds gpus_per_node={g}")
+        _check_wide_tp(cluster, tp)
     if heads % tp:
         raise LayoutError("plan.tp", tp, f"tp={tp} must divide num_attention_heads={heads}")
     if kv % tp:
@@ -86,9 +87,23 @@ def check_knobs(instance: Instance, plan: Plan) -> None:
                           f"sharding gradients (optim_grads, optim_grads_params) needs pp=1, got pp={pp}")  # fmt: skip
 
 
+def _check_wide_tp(cluster: Any, tp: int) -> None:
+    """A tensor group wider than a node: whole nodes of one NVLink domain."""
+    g, per, domain = cluster.gpus_per_node, cluster.nodes_per_nvlink_domain, cluster.gpus_per_domain
+    if per == 1:
+        raise LayoutError("plan.tp", tp, f"tp={tp} exceeds gpus_per_node={g}")
+    if tp > domain:
+        raise LayoutError("plan.tp", tp, f"tp={tp} exceeds the {domain} GPUs of an NVLink domain "
+                          f"(nodes_per_nvlink_domain={per} x gpus_per_node={g})")  # fmt: skip
+    if tp % g or domain % tp:
+        raise LayoutError("plan.tp", tp, f"tp={tp} > gpus_per_node={g} must be a multiple of it "
+                          f"dividing the {domain} GPUs of an NVLink domain")  # fmt: skip
+
+
 def check_placement(instance: Instance, plan: Plan, gpus: np.ndarray) -> None:
     """Raise :class:`LayoutError` unless every GPU id is in range, used once, and every
-    unit sits inside one node (``gpus``: :func:`placement_array`)."""
+    unit sits inside one node, or one NVLink domain where domains span several nodes
+    (``gpus``: :func:`placement_array`)."""
     g, n, tp = instance.cluster.gpus_per_node, instance.cluster.num_gpus, plan.tp
     units = gpus.reshape(-1, tp)
     flat = units.ravel()
@@ -115,7 +130,8 @@ def check_placement(instance: Instance, plan: Plan, gpus: np.ndarray) -> None:
             )  # fmt: skip
     if tp == 1:
         return
-    nodes = units // g
+    per = instance.cluster.nodes_per_nvlink_domain
+    nodes = units // (g * per)
     if (spans := nodes != nodes[:, :1]).any():
         spans = spans.any(axis=1)
         u = int(np.argmax(spans))
@@ -123,7 +139,10 @@ def check_placement(instance: Instance, plan: Plan, gpus: np.ndarray) -> None:
         raise LayoutError(
             f"plan.placement[{u}]",
             plan.placement[u],
-            f"the tp={tp} ranks of unit {u} span nodes {found}; a unit must sit in one node",
+            f"the tp={tp} ranks of unit {u} span nodes {found}; a unit must sit in one node"
+            if per == 1
+            else f"the tp={tp} ranks of unit {u} span NVLink domains {found} "
+            f"(nodes_per_nvlink_domain={per}); a unit must sit in one NVLink domain",
         )
 
 
@@ -134,7 +153,7 @@ def validate_layout(instance: Instance, plan: Plan, gpus: np.ndarray | None = No
     and key/value heads; dp * pp * tp GPUs; dp * micro-batch dividing the
     global batch; the layer split; interleaving (pp > 1, pp dividing the
     micro-batches as Megatron requires); the placement (ids in range, no GPU
-    twice, each unit inside one node).  ``gpus`` is :func:`placement_array`
+    twice, each unit inside one node, or one NVLink domain).  ``gpus`` is :func:`placement_array`
     if already computed.  Example message:
     ``plan.tp=3: tp=3 must divide num_attention_heads=8``.
     """

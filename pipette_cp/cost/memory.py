@@ -5,9 +5,12 @@ Parts (all bytes, for the most loaded GPU of the stage):
 - weights, gradients, optimizer state: Megatron mixed-precision Adam keeps a
   bf16/fp16 weight (2 B), an fp32 main gradient (4 B) and an fp32 master copy
   plus two fp32 moments (12 B) per parameter, 18 B in all; the distributed
-  optimizer (ZeRO-1) shards the 12 B over the data-parallel ranks.
+  optimizer (ZeRO-1) shards the 12 B over the data-parallel ranks.  FP8 training
+  (Transformer Engine) keeps the same state plus FP8 copies of the layer GEMM weights
+  (:func:`pipette_cp.cost.parameters.fp8_weight_bytes_per_layer`).
 - activations: per layer per micro-batch (Korthikanti et al. 2022, Table 2,
-  derived term by term so that GQA, SwiGLU and any FFN width follow), times the
+  derived term by term so that GQA, SwiGLU and any FFN width follow; under FP8 the
+  GEMM inputs Transformer Engine keeps in FP8), times the
   layers of the stage, times the micro-batches in flight under (interleaved)
   1F1B; plus the embedding's inputs on the first stage and the final norm's on
   the last.
@@ -36,11 +39,16 @@ from pipette_cp.cost.calibration import MEMORY_CALIBRATION, MemoryCalibration
 from pipette_cp.cost.framework import resolve_framework
 from pipette_cp.cost.kernels import (
     LOGITS_KEPT_BYTES,
+    keeps_fp8_tensors,
     unfused_activation_extra_bytes,
     unfused_norm_extra_bytes,
+    uses_fp8,
     uses_fused_attention,
 )
 from pipette_cp.cost.parameters import (
+    FP8_WEIGHT_BYTES,
+    fp8_weight_bytes_per_layer,
+    layer_gemm_params_per_gpu,
     layer_params_per_gpu,
     padded_vocab_size,
     stage_params_per_gpu,
@@ -50,7 +58,7 @@ from pipette_cp.specs.gpu import GpuSpec
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.training import GRADIENT_SHARDING, TrainingSpec
-from pipette_cp.units import GiB
+from pipette_cp.units import FP8_BYTES, GiB
 
 #: Headroom kept free on every GPU by default (2% of its memory, at least 1 GiB): the
 #: caching allocator needs room for the largest transient block (assumption, not fitted).
@@ -110,26 +118,32 @@ def _full_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, plan:
     q_width = model.num_attention_heads * model.head_size
     kv_width = model.kv_heads * model.head_size
     drop = 1.0 if training.dropout else 0.0
+    fused = uses_fused_attention(training, plan)
+    # The bytes of a GEMM input kept for the weight gradient: 2, or under FP8 with
+    # Transformer Engine the FP8 column-wise copy, 1 ("Performance considerations",
+    # memory usage: TE saves the quantized input for backward; torchao keeps bf16).
+    gemm_in = float(FP8_BYTES) if keeps_fp8_tensors(training) else 2.0
     # Korthikanti et al. 2022 sec. 4.1: 2 norm inputs (2sbh each), QKV and FC1 inputs
     # (2sbh each), two 1-byte dropout masks (sbh each) -> 10sbh; replicated over tp
     # unless sequence parallel.  A norm written in PyTorch keeps more (cost.kernels).
-    replicated = (
-        tokens * h * (8.0 + 2.0 * drop + 2.0 * unfused_norm_extra_bytes(model, training, plan))
-    )
+    per_h = 4.0 + 2.0 * gemm_in + 2.0 * drop + 2.0 * unfused_norm_extra_bytes(model, training, plan)
+    replicated = tokens * h * per_h
     if plan.sequence_parallel:
         replicated /= t
     # Same source, split over tp: Q, K (2 B each), V (2 B), output-projection input
-    # (2 B) -> 8sbh for MHA; widths from the q/kv head counts (GQA).
-    attention = tokens * (2 * q_width + 2 * kv_width + 2 * kv_width + 2 * q_width)
+    # (2 B) -> 8sbh for MHA; widths from the q/kv head counts (GQA).  Under FP8 the fused
+    # attention keeps its bf16 output (the projection input) beside the FP8 copy.
+    proj_in = gemm_in + (2.0 if fused and gemm_in != 2.0 else 0.0)
+    attention = tokens * (2 * q_width + 2 * kv_width + 2 * kv_width + proj_in * q_width)
     # Same source: GeLU input and output (2 x 2 x 4h -> 16sbh); SwiGLU stores the
-    # gate and up projections (2 x 2f) and its output (2f).
-    mlp = tokens * f * (6.0 if model.activation == "swiglu" else 4.0)
+    # gate and up projections (2 x 2f) and its output (2f), the FC2 input.
+    mlp = tokens * f * ((4.0 if model.activation == "swiglu" else 2.0) + gemm_in)
     mlp += tokens * f * unfused_activation_extra_bytes(model, training)  # unfused SwiGLU
     split = (attention + mlp) / t
     # Same source: softmax output (2as^2b), dropout mask (as^2b) and output (2as^2b);
     # FlashAttention keeps only the fp32 log-sum-exp per row (4 B x a s b).
     heads = model.num_attention_heads
-    if uses_fused_attention(training, plan):
+    if fused:
         core = 4.0 * heads * s * b / t
     elif plan.recompute == "selective":
         core = 0.0
@@ -244,6 +258,9 @@ def _temporary_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> fl
         temp += layer * fw.gradient_bytes
         if plan.sharding == "optim_grads_params":
             temp += 2 * layer * fw.weight_bytes
+    if uses_fp8(training) and not fp8_weight_bytes_per_layer(model, training, plan):
+        # FP8 weights not kept: those of the layer being computed (row- and column-wise)
+        temp += layer_gemm_params_per_gpu(model, plan.tp) * FP8_WEIGHT_BYTES
     if plan.pp > 1:
         # Pipeline send and receive buffers of activations and their gradients,
         # 2sbh each (/t with sequence parallelism): one pair per direction.
@@ -311,6 +328,7 @@ class _Shared(NamedTuple):
     head: float
     logits: float
     temporary: float
+    fp8_weights_per_layer: float
     runtime_constant: float
     allocator_fraction: float
     margin_fraction: float
@@ -326,7 +344,8 @@ def _shared(
         activation_bytes_per_layer(model, training, plan),
         _embedding_activation_bytes(model, training, plan),
         _last_stage_head_bytes(model, training, plan), logits_bytes(model, training, plan),
-        _temporary_bytes(model, training, plan), constant, calibration.allocator_fraction,
+        _temporary_bytes(model, training, plan), fp8_weight_bytes_per_layer(model, training, plan),
+        constant, calibration.allocator_fraction,
         fw.memory_margin,
     )  # fmt: skip
 
@@ -354,7 +373,7 @@ def _stage(
     runtime = shared.runtime_constant + shared.allocator_fraction * dynamic
     margin = shared.margin_fraction * dynamic
     return MemoryBreakdown(
-        weights=params * w_b,
+        weights=params * w_b + plan.stage_layers(stage) * shared.fp8_weights_per_layer,
         gradients=params * g_b,
         optimizer_state=params * o_b,
         activations=activations,

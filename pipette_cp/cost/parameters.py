@@ -12,9 +12,11 @@ from __future__ import annotations
 import math
 
 from pipette_cp.cost.framework import resolve_framework
+from pipette_cp.cost.kernels import keeps_fp8_tensors
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.training import GRADIENT_SHARDING, TrainingSpec
+from pipette_cp.units import FP8_BYTES
 
 #: Megatron pads the vocabulary to a multiple of this times tp
 #: (``--make-vocab-size-divisible-by``, default 128).
@@ -43,6 +45,33 @@ def layer_params_per_gpu(model: ModelSpec, tp: int) -> float:
     """
     replicated = 2 * model.norm_params + (2 * model.hidden_size if model.linear_bias else 0)
     return (model.params_per_layer - replicated) / tp + replicated
+
+
+def layer_gemm_params_per_gpu(model: ModelSpec, tp: int) -> float:
+    """Weights of one layer's GEMMs (QKV, projection, FC1, FC2) on one tensor-parallel rank:
+    what runs in FP8 under fp8 training (no norms, no biases)."""
+    h, f = model.hidden_size, model.ffn_hidden_size
+    q, kv = model.num_attention_heads * model.head_size, model.kv_heads * model.head_size
+    fc1 = (2 if model.activation == "swiglu" else 1) * f
+    return (h * (q + 2 * kv) + q * h + h * fc1 + f * h) / tp
+
+
+#: Bytes of the FP8 copies of one GEMM weight element that Transformer Engine keeps: the
+#: row-wise copy for the forward and the column-wise one for the data gradient (Hopper
+#: transposes it; MXFP8's column-wise blocks differ; only tensor-scaled FP8 on Blackwell
+#: could share one layout, which the memory model, without the GPU, does not count).
+FP8_WEIGHT_BYTES = 2.0 * FP8_BYTES
+
+
+def fp8_weight_bytes_per_layer(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
+    """Bytes of the FP8 weight copies one layer keeps on one GPU for the whole step:
+    Transformer Engine casts the bf16 weights once per step (Megatron passes
+    ``is_first_microbatch``) and keeps the copies beside them ("Performance
+    considerations", memory usage: bf16 weight + FP8 weight); 0 without FP8, under
+    ZeRO-3 (only the gathered layers have weights) and with torchao (casts each GEMM)."""
+    if not keeps_fp8_tensors(training) or plan.sharding == "optim_grads_params":
+        return 0.0
+    return layer_gemm_params_per_gpu(model, plan.tp) * FP8_WEIGHT_BYTES
 
 
 def stage_params_per_gpu(model: ModelSpec, plan: Plan, stage: int) -> float:

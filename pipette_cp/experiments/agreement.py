@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import time
 from dataclasses import dataclass
+from itertools import product
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from pipette_cp.errors import InfeasibleError, LayoutError
 from pipette_cp.io.instance_file import list_instances, load_instance
 from pipette_cp.specs import Instance, Plan
 from pipette_cp.specs.layouts import even_split, make_plan
+from pipette_cp.specs.selection import gpu_totals
 
 #: Classes of the summary, in print order.
 CLASSES = ("default", "unbalanced", "interleaved", "interleaved-unbalanced")
@@ -119,16 +121,18 @@ def default_layout(instance: Instance, evaluator: Evaluator | None = None, min_p
     rest; micro-batch 1, no interleaving, an even split and Megatron's placement
     with its nodes relabelled around failed links (:func:`avoid_failed_links`).
     A layout whose ``dp`` does not divide the global batch is skipped; if none
-    fits, smaller ``tp``, then selective and full recomputation are tried.
+    fits, smaller ``tp``, then selective and full recomputation are tried, then
+    (where the search space allows it) layouts that leave whole nodes idle.
     Raises :class:`LayoutError` when nothing works.
     """
     model, cluster = instance.model, instance.cluster
     evaluator = evaluator or Evaluator(instance)
-    gbs, n = instance.training.global_batch_size, cluster.num_gpus
+    gbs = instance.training.global_batch_size
     tps = [t for t in (8, 4, 2, 1) if not (model.num_attention_heads % t or model.kv_heads % t)]
     tps = [t for t in tps if cluster.gpus_per_node % t == 0]
-    for recompute in ("none", "selective", "full"):
-        for tp in tps:
+    totals = gpu_totals(cluster, instance.search_space)  # every GPU first, then nodes idle
+    for n, recompute, tp in product(totals, ("none", "selective", "full"), tps):
+        if n % tp == 0:
             for pp in _divisors(n // tp):
                 dp = n // (tp * pp)
                 if not min_pp <= pp <= model.num_layers or gbs % dp:

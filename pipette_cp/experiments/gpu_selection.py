@@ -38,7 +38,7 @@ from pipette_cp.io.instance_file import load_instance
 from pipette_cp.io.paths import INSTANCES_DIR
 from pipette_cp.search.loop import SearchResult, default_time_limit_s, search
 from pipette_cp.search.selection import idle_nodes
-from pipette_cp.specs import ClusterSpec, Instance
+from pipette_cp.specs import ClusterSpec, Instance, Plan
 
 #: The 17-node case.
 SEVENTEEN = "llama-3.1-8b-real00-136"
@@ -222,6 +222,58 @@ def oracle_claims(seeds: int = 4) -> None:
                     valid += info.bound <= best * (1 + 1e-9)
     print(f"{cases} layouts ({subsets} leave GPUs idle) x 2 methods: optimal claims matching "
           f"the oracle {matched}/{claims}; bounds below it {valid}/{bounds}")  # fmt: skip
+    _unaligned_claims()
+
+
+#: Unaligned-group cases: (model, dp, pp, tp) on 2 V100 cube-mesh nodes, and the tiny
+#: uniform clusters again with the oracle over any tp GPUs of a node.
+UNALIGNED = (("gpt3-350m", 1, 2, 2), ("gpt3-350m", 2, 1, 2), ("gpt3-350m", 1, 2, 4),
+             ("gpt3-350m", 1, 3, 2), ("gpt3-760m", 1, 2, 2), ("gpt3-760m", 2, 1, 4))  # fmt: skip
+
+
+def _unaligned_claims() -> None:
+    """Claims and bounds against the oracle over any tensor groups (not only aligned)."""
+    from pipette_cp.io.model_file import load_model
+    from pipette_cp.solvers.methods import exact_placement
+    from pipette_cp.solvers.options import SolveOptions
+    from pipette_cp.solvers.placement.oracle import brute_force_placement
+    from pipette_cp.specs import TrainingSpec
+    from pipette_cp.specs.layouts import make_plan
+
+    cases = claims = matched = bounds = valid = faster = 0
+    cube = generate("v100-cube", nodes=2, seed=0)
+    runs: list[tuple[Instance, Plan]] = []
+    for name, dp, pp, tp in UNALIGNED:
+        model = load_model(name)
+        training = TrainingSpec(global_batch_size=64, seq_length=2048, precision="fp16",
+                                flash_attention_available=False)  # fmt: skip
+        instance = Instance(name="cube", model=model, cluster=cube, training=training)
+        runs.append((instance, make_plan(num_layers=model.num_layers, dp=dp, pp=pp, tp=tp,
+                                         micro_batch_size=1)))  # fmt: skip
+    for nodes, gpus, dp, pp, tp in ORACLE_SHAPES[:6]:
+        runs.append((_tiny(nodes, gpus, 0), make_plan(num_layers=8, dp=dp, pp=pp, tp=tp,
+                                                      micro_batch_size=1)))  # fmt: skip
+    for instance, plan in runs:
+        try:
+            _, best = brute_force_placement(instance, plan, groups="any")
+            _, aligned = brute_force_placement(instance, plan)
+        except PipetteError:
+            continue
+        cases += 1
+        for backend in ("cpsat", "milp"):
+            info = exact_placement(instance, plan, SolveOptions(time_limit_s=10),
+                                   backend=backend).solve_info  # fmt: skip
+            assert info is not None and info.objective is not None
+            faster += info.objective < aligned * (1 - 1e-9)
+            if info.status == "optimal":
+                claims += 1
+                matched += abs(info.objective - best) <= 1e-6 * best
+            if info.bound is not None:
+                bounds += 1
+                valid += info.bound <= best * (1 + 1e-9)
+    print(f"{cases} layouts, oracle over any tensor groups, x 2 methods: optimal claims "
+          f"matching {matched}/{claims}; bounds below it {valid}/{bounds}; "
+          f"{faster} solves beat the best aligned placement")  # fmt: skip
 
 
 def _tiny(nodes: int, gpus: int, seed: int) -> Instance:

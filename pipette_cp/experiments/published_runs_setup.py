@@ -10,6 +10,7 @@ from pipette_cp.experiments.accuracy import RowSetup, row_setup
 from pipette_cp.experiments.calibration_split import family
 from pipette_cp.specs.gpu import resolve_gpu
 from pipette_cp.specs.instance import Instance
+from pipette_cp.specs.layouts import make_plan
 from pipette_cp.specs.training import (
     FUSED_ATTENTION,
     AttentionKernel,
@@ -169,5 +170,112 @@ def _mpt_setup(row: dict[str, str], setup: RowSetup, framework: FrameworkProfile
         gpu = resolve_gpu("a100-40gb")
         nodes = tuple(gpu.name for _ in cluster.node_gpu_types)
         cluster = cluster.model_copy(update={"gpu_types": {gpu.name: gpu}, "node_gpu_types": nodes})
+    instance = Instance(name=inst.name, model=model, cluster=cluster, training=training)
+    return replace(setup, instance=instance, plan=plan)
+
+
+# --------------------------------------------------------------------- FP8 family
+#: The dense FP8 families of ``published_runs_moe_cp.csv`` and their frameworks: NeMo 24.07
+#: (Megatron-Core with Transformer Engine FP8) and torchtitan (torchao Float8).
+FP8_FAMILY_FRAMEWORK = {"nemo": "nemo", "torchtitan": "torchtitan"}
+#: torchtitan's H100 (Grand Teton, 96 GB, 500 W power limit): the H100 SXM5 datasheet
+#: peaks and bandwidths (the power limit is not modelled) with 96 GiB of memory.
+TORCHTITAN_GPU = resolve_gpu("h100").model_copy(
+    update={"name": "H100-SXM-96GB-500W", "memory_bytes": 96.0 * 2**30}
+)
+#: Micro-batches per pipeline of torchtitan's pipeline schedules at 9dec370 when the row
+#: does not say: as many as pipeline stages (``pipeline_parallel_microbatches`` unset);
+#: interleaved 1F1B with 2 virtual stages per rank (not stated).
+TORCHTITAN_PP_VPP = 2
+
+
+def is_dense_fp8_family_row(row: dict[str, str]) -> bool:
+    """A dense run without context parallelism of an FP8 family (any precision)."""
+    kind = note(row["notes"], "kind") or ""
+    cp = note(row["notes"], "cp") or "1"
+    return kind.startswith("dense") and cp == "1" and family(row) in FP8_FAMILY_FRAMEWORK
+
+
+def row_precision(row: dict[str, str]) -> str:
+    """``fp8`` or ``bf16``: the ``precision=`` note's first word."""
+    return (note(row["notes"], "precision") or "bf16").split()[0]
+
+
+def fp8_family_setup(row: dict[str, str], compute_efficiency: float | None = None) -> RowSetup:
+    """A NeMo 24.07 or torchtitan row as an instance and a plan (assumptions in
+    :mod:`pipette_cp.experiments.fp8_accuracy`)."""
+    setup = row_setup(complete_row(row))
+    fam, inst = family(row), setup.instance
+    framework = FrameworkProfile(
+        name=FP8_FAMILY_FRAMEWORK[fam], compute_efficiency=compute_efficiency
+    )
+    fp8 = row_precision(row) == "fp8"
+    precision = {"precision": "fp8" if fp8 else "bf16"}
+    if fam == "nemo":
+        return replace(setup, instance=_nemo_instance(row, inst, framework, precision))
+    return _torchtitan_setup(row, setup, framework, precision)
+
+
+#: NeMo model families: (activation, norm, positions, vocabulary); Nemotron's squared ReLU
+#: is two GEMMs of width f like GeLU.
+_NEMO_MODELS = {
+    "GPT-3": ("gelu", "layernorm", "learned", 51200),
+    "Llama 2": ("swiglu", "rmsnorm", "rope", 32000),
+    "Nemotron": ("gelu", "layernorm", "rope", 256000),
+}
+
+
+def _nemo_instance(
+    row: dict[str, str], inst: Instance, framework: FrameworkProfile, precision: dict
+) -> Instance:
+    activation, norm, positions, vocab = next(
+        v for k, v in _NEMO_MODELS.items() if row["model_name"].startswith(k)
+    )
+    model = inst.model.model_copy(
+        update={"activation": activation, "norm": norm, "position_embedding": positions,
+                "vocab_size": int(row["vocab_size"] or vocab),
+                "linear_bias": activation == "gelu" and positions == "learned"}
+    )  # fmt: skip
+    training = inst.training.model_copy(update={**precision, "framework": framework})
+    return inst.model_copy(update={"model": model, "training": training})
+
+
+def _torchtitan_setup(
+    row: dict[str, str], setup: RowSetup, framework: FrameworkProfile, precision: dict
+) -> RowSetup:
+    """torchtitan Llama 3.1 runs: FSDP2 (ZeRO-3) with TP (sequence parallel) and PP,
+    SDPA FlashAttention 2, no dropout, fused kernels only under torch.compile, torchtitan's
+    own H100 (:data:`TORCHTITAN_GPU`)."""
+    inst, notes = setup.instance, row["notes"]
+    model = inst.model.model_copy(
+        update={"activation": "swiglu", "norm": "rmsnorm", "position_embedding": "rope",
+                "rotary_base": 500000.0, "linear_bias": False}
+    )  # fmt: skip
+    compiled = (note(notes, "torch.compile") or "n") == "y"
+    training = inst.training.model_copy(
+        update={**precision, "framework": framework, "attention_kernel": "flash2",
+                "flash_attention_available": True, "dropout": False, "fused_norm": compiled,
+                "fused_bias_activation": compiled, "tp_comm_overlap": "async TP=y" in notes,
+                "overlap_grad_reduce": True, "overlap_param_gather": True}
+    )  # fmt: skip
+    tp, pp, dp = int(row["tp"]), int(row["pp"]), int(row["dp"])
+    local = int(re.search(r"local batch (\d+)", notes).group(1))  # type: ignore[union-attr]
+    mb = int(row["micro_batch_size"]) if row["micro_batch_size"] else local // pp
+    vpp = TORCHTITAN_PP_VPP if "Interleaved" in notes else 1
+    # FSDP2 fully_shard is ZeRO-3; under pipeline parallelism torchtitan does not reshard
+    # after forward (parallelize_llama.apply_fsdp), so the gathered weights and unsharded
+    # gradients stay for the step: the optimizer state alone is sharded (ZeRO-1).
+    sharding: Sharding = "optim_grads_params" if pp == 1 else "optim"
+    plan = make_plan(
+        num_layers=model.num_layers, dp=dp, pp=pp, tp=tp, micro_batch_size=mb, vpp=vpp,
+        sequence_parallel=tp > 1, recompute=row["recompute"],  # type: ignore[arg-type]
+        dp_sharding=sharding, flash_attention=True,
+    )  # fmt: skip
+    training = training.model_copy(update={"global_batch_size": local * dp})
+    gpu = TORCHTITAN_GPU
+    nodes = tuple(gpu.name for _ in inst.cluster.node_gpu_types)
+    cluster = inst.cluster.model_copy(
+        update={"gpu_types": {gpu.name: gpu}, "node_gpu_types": nodes}
+    )
     instance = Instance(name=inst.name, model=model, cluster=cluster, training=training)
     return replace(setup, instance=instance, plan=plan)

@@ -15,6 +15,7 @@ nccl-tests prints it, us), converted to SI once, here::
     inter_node_latency_us: 10
     node_names: [cnode2-001, ...]
     node_groups: [0, 0, 1, ...]    # optional (switch group of each node)
+    nodes_per_nvlink_domain: 18    # optional (GB200 NVL72: 18 trays a domain)
     node_bandwidth_gb_per_s:       # N x N; null or 0 = failed; diagonal ignored
     - [null, 13.54, 0, ...]
 
@@ -25,8 +26,11 @@ with ``inter_node_bandwidth_gb_per_s`` and ``num_nodes`` or ``node_names`` (one
 node may give none of them, and then its ``nic_bandwidth_gb_per_s``).
 :func:`write_cluster_file` writes the node form when the GPU matrix is exactly
 a node expansion, ``nominal`` when in addition all node pairs are equal, and
-the GPU form otherwise.  CSV matrices and Pipette's JSON are in
-:mod:`pipette_cp.io.matrix_files`.
+the GPU form otherwise.  Instead of ``nodes_per_nvlink_domain``, ``nvlink_domains``
+maps every node (or every GPU, as ``nvidia-smi -q`` reports its NVLink clique) to a
+domain id; it must cut the nodes into runs of consecutive whole nodes of one size
+(:func:`~pipette_cp.specs.cluster.nodes_per_domain`).  CSV matrices and Pipette's
+JSON are in :mod:`pipette_cp.io.matrix_files`.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from pipette_cp.specs.cluster import (
     MAX_LINK_BYTES_PER_S,
     MIN_LINK_BYTES_PER_S,
     ClusterSpec,
+    nodes_per_domain,
 )
 from pipette_cp.specs.gpu import GPU_CATALOG, GpuSpec, resolve_gpu
 from pipette_cp.units import GB, US
@@ -60,7 +65,7 @@ _KEYS = {
     "format", "name", "source", "gpu", "node_gpu_types", "gpus_per_node", "num_nodes",
     "nics_per_node", "nic_bandwidth_gb_per_s", "intra_node_bandwidth_gb_per_s",
     "inter_node_bandwidth_gb_per_s", "intra_node_latency_us", "inter_node_latency_us",
-    "node_names", "node_groups", *MATRIX_KEYS,
+    "node_names", "node_groups", "nodes_per_nvlink_domain", "nvlink_domains", *MATRIX_KEYS,
 }  # fmt: skip
 
 
@@ -166,6 +171,13 @@ def cluster_from_mapping(data: dict[str, Any], where: str = "cluster") -> Cluste
         "bandwidth_bytes_per_s": gpu_matrix,
         "source": data.get("source", ""),
     }
+    per, domains = data.get("nodes_per_nvlink_domain"), data.get("nvlink_domains")
+    if domains is not None:  # an explicit map, checked and turned into its run length
+        if per is not None:
+            both = ["nodes_per_nvlink_domain", "nvlink_domains"]
+            raise SpecError(where, both, f"give at most one of {', '.join(both)}")
+        per = nodes_per_domain(domains, n, g, f"{where}.nvlink_domains")
+    fields |= {} if per is None else {"nodes_per_nvlink_domain": per}
     for key in ("intra_node_latency", "inter_node_latency"):
         if (value := _number(data, f"{key}_us", where)) is not None:
             if value > MAX_LATENCY_S / US:
@@ -348,6 +360,8 @@ def cluster_to_mapping(cluster: ClusterSpec, decimals: int | None = 3) -> dict[s
     }
     if cluster.node_groups is not None:
         out["node_groups"] = _Row(cluster.node_groups)
+    if cluster.nodes_per_nvlink_domain > 1:
+        out["nodes_per_nvlink_domain"] = cluster.nodes_per_nvlink_domain
     blocks = cluster.bandwidth_bytes_per_s.reshape(n, g, n, g).transpose(0, 2, 1, 3)
     intra = blocks[0, 0]
     off = ~np.eye(g, dtype=bool)

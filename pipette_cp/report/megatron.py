@@ -16,11 +16,10 @@ hyper-parameters, checkpoints.
 
 from __future__ import annotations
 
-import re
 import shlex
 
 from pipette_cp.cost.evaluate import evaluate
-from pipette_cp.cost.kernels import attention_kernel
+from pipette_cp.cost.kernels import BLACKWELL_NAME, attention_kernel, fp8_format, fp8_recipe
 from pipette_cp.errors import LayoutError, SpecError, UnsupportedError
 from pipette_cp.report.megatron_check import check_megatron_argv
 from pipette_cp.solvers.split import megatron_split_args
@@ -34,8 +33,6 @@ Flag = tuple[str, str | None]
 _NORM = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
 #: Megatron's names of the position embeddings (``--position-embedding-type``).
 _POSITIONS = {"learned": "learned_absolute", "rope": "rope"}
-#: Blackwell and later GPU names (compute capability >= 10): B100, B200, GB200, B300, ...
-_BLACKWELL = re.compile(r"(^|[^A-Za-z])G?B[1-9]\d{2}($|[^0-9])|blackwell", re.IGNORECASE)
 #: The flag that fixes the virtual stages of an uneven interleaved split.
 LAYOUT_FLAG = "--pipeline-model-parallel-layout"
 
@@ -96,8 +93,30 @@ def model_flags(instance: Instance) -> list[Flag]:
         flags.append(("--untie-embeddings-and-output-weights", None))
     attention, hidden = dropouts(instance)
     flags += [("--attention-dropout", repr(attention)), ("--hidden-dropout", repr(hidden))]
-    flags += [(f"--{t.precision}", None), ("--optimizer", t.optimizer)]
+    flags += [*precision_flags(instance), ("--optimizer", t.optimizer)]
     return flags
+
+
+#: ``--fp8-amax-history-len`` and ``--fp8-amax-compute-algo`` of delayed scaling: the
+#: Megatron-Core low-precision training guide's minimum config (Megatron's own defaults, 1
+#: and most_recent, are not the recipe's: TE DelayedScaling defaults to 1024 and max).
+DELAYED_AMAX = (("--fp8-amax-history-len", "1024"), ("--fp8-amax-compute-algo", "max"))
+
+
+def precision_flags(instance: Instance) -> list[Flag]:
+    """``--bf16`` / ``--fp16``; for fp8 ``--bf16`` with ``--fp8-format`` and ``--fp8-recipe``
+    (Transformer Engine runs the layer GEMMs in FP8, everything else stays bf16) and, for
+    delayed scaling, its amax history (:data:`DELAYED_AMAX`)."""
+    t = instance.training
+    if t.precision != "fp8":
+        return [(f"--{t.precision}", None)]
+    recipe = fp8_recipe(t)
+    flags: list[Flag] = [
+        ("--bf16", None),
+        ("--fp8-format", fp8_format(t)),
+        ("--fp8-recipe", recipe),
+    ]
+    return flags + list(DELAYED_AMAX) if recipe == "delayed" else flags
 
 
 def model_args(instance: Instance) -> list[str]:
@@ -177,6 +196,12 @@ def megatron_notes(instance: Instance, plan: Plan) -> list[str]:
         )
     if plan.sequence_parallel and plan.tp == 1:
         notes.append("--sequence-parallel left out: it needs tensor parallelism (tp = 1 here)")
+    if t.precision == "fp8":
+        notes.append(
+            "fp8: costed with every transformer layer's GEMMs in FP8 and the output layer, "
+            "attention and element-wise kernels in bf16 (Megatron's defaults); "
+            "--first-last-layers-bf16 or --fp8-param-gather would change what was costed"
+        )
     return notes
 
 
@@ -274,7 +299,7 @@ def before_blackwell(instance: Instance) -> bool:
     its name; unknown names count as older (the safe side of the rule below)."""
     cluster = instance.cluster
     names = {cluster.gpu_of_node(n).name for n in range(cluster.num_nodes)}
-    return any(not _BLACKWELL.search(name) for name in names)
+    return any(not BLACKWELL_NAME.search(name) for name in names)
 
 
 def megatron_environment(instance: Instance, plan: Plan) -> dict[str, str | None]:

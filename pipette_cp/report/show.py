@@ -28,23 +28,62 @@ def _count(n: float) -> str:
     return f"{n:.0f}"
 
 
+def _attention_row(model: ModelSpec) -> str:
+    """Heads, and latent attention's ranks or the attention extras."""
+    if model.is_mla:
+        q_rank = model.q_lora_rank or "-"
+        return (
+            f"{model.num_attention_heads} (latent attention: q rank {q_rank}, kv rank "
+            f"{model.kv_lora_rank}, qk {model.qk_nope_head_dim} + {model.qk_rope_head_dim} "
+            f"rope, v {model.v_head_dim})"
+        )
+    extras = [name for flag, name in ((model.qk_norm, "q/k norm"), (model.attention_sinks, "sinks")) if flag]  # fmt: skip
+    if model.sliding_window is not None:
+        n = model.sliding_window_pattern
+        full = f" (whole context on 1 layer in {n})" if n else ""
+        extras.append(f"{model.sliding_window}-token sliding window{full}")
+    gqa = f"{model.num_attention_heads} / {model.kv_heads} kv (head dim {model.head_size})"
+    return gqa + (f", {', '.join(extras)}" if extras else "")
+
+
+def _experts_row(model: ModelSpec) -> str:
+    """Routed and shared experts, and which layers have them."""
+    text = f"{model.num_experts} x {model.expert_width}, top {model.moe_top_k}"
+    if model.num_shared_experts:
+        text += f", {model.num_shared_experts} shared ({model.shared_expert_width})"
+    layers = f"{model.num_moe_layers} of {model.num_layers} layers"
+    if model.first_k_dense_layers or model.moe_layer_freq > 1:
+        layers += f" (from layer {model.first_k_dense_layers}, every {model.moe_layer_freq})"
+    return f"{text}; {layers}"
+
+
 def model_table(model: ModelSpec) -> Table:
-    """Architecture and derived parameter counts."""
-    gqa = f"{model.num_attention_heads} / {model.kv_heads} kv"
-    return _kv_table(
-        f"Model {model.name}",
-        [
-            ("layers x hidden", f"{model.num_layers} x {model.hidden_size}"),
-            ("heads", gqa + f" (head dim {model.head_size})"),
-            ("ffn", f"{model.ffn_hidden_size} ({model.activation})"),
-            ("vocab", f"{model.vocab_size} ({'tied' if model.tied_embeddings else 'untied'})"),
-            ("norm / positions", f"{model.norm} / {model.position_embedding}"),
-            ("params per layer", _count(model.params_per_layer)),
-            ("embedding params", _count(model.embedding_params)),
-            ("total params", _count(model.total_params)),
-            ("source", model.source or "-"),
-        ],
-    )
+    """Architecture and derived parameter counts (total and, with experts, active)."""
+    rows = [
+        ("layers x hidden", f"{model.num_layers} x {model.hidden_size}"),
+        ("heads", _attention_row(model)),
+        ("ffn", f"{model.ffn_hidden_size} ({model.activation})"),
+    ]
+    if model.is_moe:
+        rows.append(("experts", _experts_row(model)))
+    rows += [
+        ("vocab", f"{model.vocab_size} ({'tied' if model.tied_embeddings else 'untied'})"),
+        ("norm / positions", f"{model.norm} / {model.position_embedding}"),
+    ]
+    if model.is_moe:
+        rows.append(("params per MoE layer", _count(model.moe_layer_params)))
+        if model.num_dense_layers:
+            rows.append(("params per dense layer", _count(model.dense_layer_params)))
+    else:
+        rows.append(("params per layer", _count(model.dense_layer_params)))
+    rows.append(("embedding params", _count(model.embedding_params)))
+    if model.mtp_layers:
+        rows.append(("MTP modules", f"{model.mtp_layers}: {_count(model.mtp_params)}"))
+    rows.append(("total params", _count(model.total_params)))
+    if model.is_moe:
+        rows.append(("active params", f"{_count(model.active_params)} per token"))
+    rows.append(("source", model.source or "-"))
+    return _kv_table(f"Model {model.name}", rows)
 
 
 def training_table(training: TrainingSpec) -> Table:

@@ -49,7 +49,9 @@ def check_selection(instance: Instance, space: SearchSpace) -> None:
 
 def restrict(instance: Instance) -> tuple[Instance, np.ndarray]:
     """``instance`` on the nodes ``search_space.exclude_nodes`` leaves (that field
-    cleared), and the cluster GPU id of each of its GPUs."""
+    cleared), and the cluster GPU id of each of its GPUs.  Where an exclusion takes
+    part of an NVLink domain, the sub-cluster's domains are single nodes (a tensor
+    group then stays inside one tray)."""
     cluster, space = instance.cluster, instance.search_space
     out = set(excluded_nodes(cluster, space))
     keep = [n for n in range(cluster.num_nodes) if n not in out]
@@ -67,6 +69,11 @@ def restrict(instance: Instance) -> tuple[Instance, np.ndarray]:
             "bandwidth_bytes_per_s": matrix,
         }
     )
+    per = cluster.nodes_per_nvlink_domain
+    whole = per == 1 or all(sum(1 for n in keep if n // per == d) in (0, per)
+                            for d in range(cluster.num_nodes // per))  # fmt: skip
+    if not whole:  # a domain lost some trays: tensor groups stay inside one tray there
+        sub = sub.model_copy(update={"nodes_per_nvlink_domain": 1})
     narrowed = space.model_copy(update={"exclude_nodes": ()})
     return instance.model_copy(update={"cluster": sub, "search_space": narrowed}), gpus
 
@@ -91,7 +98,12 @@ def node_preference(cluster: ClusterSpec) -> np.ndarray:
 def on_preferred_nodes(plan: Plan, cluster: ClusterSpec, order: np.ndarray) -> Plan:
     """A skeleton that leaves GPUs idle, moved (rank order kept) onto the best nodes of
     ``order`` (:func:`node_preference`) in hostfile order, instead of the first ones."""
-    g = cluster.gpus_per_node
+    g, per = cluster.gpus_per_node, cluster.nodes_per_nvlink_domain
+    if per > 1:  # whole NVLink domains first (a wide tensor group spans trays of one)
+        rank = {int(node): i for i, node in enumerate(order)}
+        domains = sorted(range(cluster.num_nodes // per),
+                         key=lambda d: (np.mean([rank[d * per + k] for k in range(per)]), d))  # fmt: skip
+        order = np.array([d * per + k for d in domains for k in range(per)], dtype=np.int64)
     nodes = sorted(order[: -(-plan.num_gpus // g)].tolist())
     gpus = np.array([n * g + k for n in nodes for k in range(g)], dtype=np.int64)
     return lift(plan, gpus)

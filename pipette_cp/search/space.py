@@ -43,14 +43,24 @@ def gpu_counts(instance: Instance, space: SearchSpace | None = None) -> list[int
     return gpu_totals(instance.cluster, space or instance.search_space)
 
 
+def tensor_sizes(instance: Instance) -> list[int]:
+    """Tensor-parallel sizes a group of one node (one NVLink domain) can take: the
+    divisors of gpus_per_node, and where domains span several nodes the multiples of
+    it dividing the domain's GPUs (whole nodes of one domain)."""
+    c = instance.cluster
+    g, per = c.gpus_per_node, c.nodes_per_nvlink_domain
+    return divisors(g) + [m * g for m in divisors(per) if m > 1]
+
+
 def degrees(instance: Instance, space: SearchSpace | None = None) -> list[Degrees]:
-    """Valid (dp, pp, tp): tp within a node and dividing the heads and kv heads,
-    pp <= layers, dp x pp x tp one of :func:`gpu_counts`, restricted by ``space``."""
+    """Valid (dp, pp, tp): tp within a node (or an NVLink domain, :func:`tensor_sizes`)
+    and dividing the heads and kv heads, pp <= layers, dp x pp x tp one of
+    :func:`gpu_counts`, restricted by ``space``."""
     space = space or instance.search_space
-    model, g = instance.model, instance.cluster.gpus_per_node
+    model = instance.model
     tps = [
         t
-        for t in divisors(g)
+        for t in tensor_sizes(instance)
         if model.num_attention_heads % t == 0
         and model.kv_heads % t == 0
         and (space.tp is None or t in space.tp)
@@ -74,17 +84,24 @@ def check_degrees(instance: Instance, space: SearchSpace) -> None:
     """Raise :class:`SpecError` naming the knob when the space leaves no (dp, pp, tp)."""
     if degrees(instance, space):
         return
-    model, g = instance.model, instance.cluster.gpus_per_node
+    model, cluster = instance.model, instance.cluster
+    g, domain = cluster.gpus_per_node, cluster.gpus_per_domain
     heads, kv = model.num_attention_heads, model.kv_heads
+    sizes = tensor_sizes(instance)
 
     def why(t: int) -> str:
-        if t > g:
+        if domain > g and t > domain:
+            return f"{t} exceeds the {domain} GPUs of an NVLink domain"
+        if domain > g and t not in sizes:
+            return (f"{t} neither divides the {g} GPUs of a node nor is a multiple of them "
+                    f"dividing the {domain} GPUs of an NVLink domain")  # fmt: skip
+        if t > g and t not in sizes:
             return f"{t} exceeds the {g} GPUs of a node"
-        if g % t:
+        if t not in sizes:
             return f"{t} does not divide the {g} GPUs of a node"
         return f"{t} does not divide the {heads} attention heads and {kv} KV heads"
 
-    tps = [t for t in divisors(g) if heads % t == 0 and kv % t == 0]
+    tps = [t for t in sizes if heads % t == 0 and kv % t == 0]
     if space.tp is not None and not set(space.tp) & set(tps):
         raise SpecError("search_space.tp", space.tp,
                         "no tensor-parallel size can run: " + "; ".join(why(t) for t in space.tp)

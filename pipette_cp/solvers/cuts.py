@@ -37,6 +37,8 @@ class Cut:
     intercept: float
     gradient: np.ndarray
     value_at_point: float
+    #: bound on each slope's rounding error (0 where unknown)
+    error: np.ndarray | None = None
 
     def __call__(self, x: np.ndarray) -> float:
         return float(self.intercept + self.gradient @ np.asarray(x, dtype=float))
@@ -61,7 +63,7 @@ def supporting_cut(
     that crosses a kink makes them differ: a large slope next to a small one,
     32 micro-batches over a pipeline hop beside 1, crosses even for small steps);
     a disagreeing coordinate is retried with smaller steps down to ``t / 4096``,
-    then the hair is redrawn.  A convex ``f`` that is linear along every axis
+    then the hair is redrawn.  ``Cut.error`` bounds each slope's rounding.  A convex ``f`` that is linear along every axis
     through a point is differentiable there, so the accepted quotients are its
     gradient.  The intercept is lowered by ``slack`` x ``|f(x)|`` and by the
     quotients' rounding over the hair, so that rounding never cuts off the optimum.
@@ -91,21 +93,22 @@ def supporting_cut(
         base = x + rng.uniform(0.5, 1.0, size=x.shape) * hair
         found = _gradient(f, base, hair)
         if found is not None:
-            gradient, f_base, noise = found
-            intercept = f_base - float(gradient @ base) - noise
-            return Cut(intercept - slack * abs(value), gradient, value)
+            gradient, f_base, errors = found
+            intercept = f_base - float(gradient @ base) - float(errors.sum()) * hair
+            return Cut(intercept - slack * abs(value), gradient, value, errors)
     raise ValueError("no hair gives agreeing difference quotients: f is not piecewise linear")
 
 
 def _gradient(
     f: Callable[[np.ndarray], float], base: np.ndarray, hair: float
-) -> tuple[np.ndarray, float, float] | None:
-    """``(gradient, f(base), rounding bound)`` where every axis through ``base`` is
-    linear over the step, else None."""
+) -> tuple[np.ndarray, float, np.ndarray] | None:
+    """``(gradient, f(base), each slope's rounding bound)`` where every axis through
+    ``base`` is linear over the step, else None.  Steps start at 1/64 of the hair and
+    shrink where the quotients disagree."""
     f_base = f(base)
     rounding = 8 * np.finfo(float).eps * max(abs(f_base), 1e-300)  # error of one f value
     gradient = np.empty_like(base)
-    noise = 0.0
+    errors = np.zeros_like(base)
     for i in range(base.size):
         step = hair / 64
         while step >= hair / 4096:
@@ -118,9 +121,9 @@ def _gradient(
             error = 2 * rounding / step
             if abs(forward - backward) <= 2 * error + 1e-9 * (abs(forward) + abs(backward)):
                 gradient[i] = 0.5 * (forward + backward)
-                noise += error * hair  # the slope's rounding, over the hair's width
+                errors[i] = error
                 break
             step /= 4
         else:
             return None
-    return gradient, f_base, noise
+    return gradient, f_base, errors

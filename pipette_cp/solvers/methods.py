@@ -8,6 +8,7 @@ starts, the heuristics of :mod:`pipette_cp.solvers.baselines`
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from dataclasses import replace
@@ -57,8 +58,9 @@ class BaselineSeeder(PlainSeeder):
             plans += [plan.model_copy(update={"placement": p}) for p in packed]
         rng = random.Random(options.seed)
         for _ in range(2):
-            placement = random_placement(instance.cluster, plan.dp, plan.pp, plan.tp, rng)
-            plans.append(plan.model_copy(update={"placement": placement}))
+            with contextlib.suppress(LayoutError):  # fewer groups than units
+                placement = random_placement(instance.cluster, plan.dp, plan.pp, plan.tp, rng)
+                plans.append(plan.model_copy(update={"placement": placement}))
         if sa_s > 0:
             try:
                 sa = pipette_sa(instance, plan, replace(options, time_limit_s=sa_s))

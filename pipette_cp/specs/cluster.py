@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from pipette_cp.errors import SpecError
 from pipette_cp.specs._base import FrozenSpec, Matrix
 from pipette_cp.specs.gpu import GpuSpec
 from pipette_cp.units import GB
@@ -36,6 +37,13 @@ class ClusterSpec(FrozenSpec):
     ``[j, i]``).  An off-diagonal 0 marks a failed or unmeasured pair: it is
     never used silently; every other entry lies in [:data:`MIN_LINK_BYTES_PER_S`,
     :data:`MAX_LINK_BYTES_PER_S`].  The diagonal is meaningless and stored as 0.
+
+    NVLink domains: every ``nodes_per_nvlink_domain`` consecutive nodes form one NVLink
+    domain (node ``k`` is in domain ``k // nodes_per_nvlink_domain``; 1, the default, is
+    one domain per node).  A GB200 NVL72 rack is 18 compute trays (nodes, each a host
+    with its own NICs) of 4 GPUs in one 72-GPU domain: a tensor-parallel group may span
+    the trays of a domain, never two domains, and traffic between two trays of one
+    domain runs over NVLink (the matrix holds its bandwidth), not over their NICs.
     """
 
     name: str = Field(default="cluster", description="Identifier of this cluster or snapshot.")
@@ -50,6 +58,12 @@ class ClusterSpec(FrozenSpec):
         description="GPU type name of each node (a key of gpu_types); mixed types are allowed."
     )
     node_names: tuple[str, ...] = Field(description="Host name of each node, in hostfile order.")
+    nodes_per_nvlink_domain: int = Field(
+        default=1,
+        gt=0,
+        description="Consecutive nodes that form one NVLink domain (1: each node is one; "
+        "18 for a GB200 NVL72 rack of 4-GPU trays); must divide num_nodes.",
+    )
     node_groups: tuple[int, ...] | None = Field(
         default=None,
         description="Switch group (leaf, pod) of each node, if known; used for statistics only.",
@@ -80,6 +94,16 @@ class ClusterSpec(FrozenSpec):
     source: str = Field(
         default="", description="Where the numbers come from (measurement, generator)."
     )
+
+    @field_validator("nodes_per_nvlink_domain")
+    @classmethod
+    def _domains_divide(cls, value: int, info: ValidationInfo) -> int:
+        nodes = info.data.get("num_nodes")
+        if nodes is not None and nodes % value:
+            raise ValueError(
+                f"must divide num_nodes={nodes}: a domain is that many consecutive whole nodes"
+            )
+        return value
 
     @model_validator(mode="after")
     def _node_lists_match(self) -> ClusterSpec:
@@ -171,6 +195,23 @@ class ClusterSpec(FrozenSpec):
         """Node holding ``gpu``."""
         return gpu // self.gpus_per_node
 
+    @property
+    def gpus_per_domain(self) -> int:
+        """GPUs of one NVLink domain: ``nodes_per_nvlink_domain x gpus_per_node``."""
+        return self.nodes_per_nvlink_domain * self.gpus_per_node
+
+    @property
+    def num_domains(self) -> int:
+        return self.num_nodes // self.nodes_per_nvlink_domain
+
+    def domain_of(self, gpu: int) -> int:
+        """NVLink domain holding ``gpu``."""
+        return gpu // self.gpus_per_domain
+
+    def domain_of_node(self, node: int) -> int:
+        """NVLink domain holding ``node``."""
+        return node // self.nodes_per_nvlink_domain
+
     def gpus_of_node(self, node: int) -> range:
         """GPU indices of ``node``."""
         return range(node * self.gpus_per_node, (node + 1) * self.gpus_per_node)
@@ -205,9 +246,62 @@ class ClusterSpec(FrozenSpec):
         return len(set(self.node_gpu_types)) == 1
 
     def describe(self) -> str:
-        """One line: '16 x 8 A100-SXM4-80GB, 4 NICs x 25 GB/s'."""
+        """One line: '16 x 8 A100-SXM4-80GB, 4 NICs x 25 GB/s' (and, with domains of
+        several nodes, ', NVLink domains of 18 nodes')."""
         types = "+".join(sorted(set(self.node_gpu_types)))
+        domains = self.nodes_per_nvlink_domain
         return (
             f"{self.num_nodes} x {self.gpus_per_node} {types}, "
             f"{self.nics_per_node} NICs x {self.nic_bandwidth_bytes_per_s / GB:.1f} GB/s"
+            + (f", NVLink domains of {domains} nodes" if domains > 1 else "")
         )
+
+
+def nodes_per_domain(domains: object, num_nodes: int, gpus_per_node: int, field: str) -> int:
+    """``nodes_per_nvlink_domain`` of an explicit NVLink domain map: one domain id per
+    node, or per GPU (as ``nvidia-smi -q`` reports a GPU's NVLink clique).
+
+    A domain must be one run of consecutive whole nodes, every domain as long.
+
+    Raises
+    ------
+    SpecError
+        Naming ``field`` and the map: a wrong length or a non-integer id; a node whose
+        GPUs lie in two domains (the map splits a node); a domain whose nodes are not
+        consecutive (domains overlap); domains of different sizes.
+
+    >>> nodes_per_domain([0, 0, 1, 1], 4, 8, "nvlink_domains")
+    2
+    >>> nodes_per_domain([7, 7, 7, 7, 3, 3, 3, 3], 2, 4, "nvlink_domains")
+    1
+    """
+    n, g = num_nodes, gpus_per_node
+    if not isinstance(domains, list | tuple) or not all(
+        isinstance(d, int | np.integer) and not isinstance(d, bool) and d >= 0 for d in domains
+    ):
+        raise SpecError(field, domains, "expected a list of integer domain ids >= 0")
+    if len(domains) not in (n, n * g):
+        raise SpecError(field, domains, f"expected {n} domain ids (one per node) or {n * g} "
+                        "(one per GPU)")  # fmt: skip
+    ids = np.asarray(domains, dtype=np.int64)
+    if len(ids) == n * g and n * g != n:
+        per_node = ids.reshape(n, g)
+        split = np.flatnonzero((per_node != per_node[:, :1]).any(axis=1))
+        if split.size:
+            k = int(split[0])
+            raise SpecError(field, domains, f"node {k} has GPUs in domains "
+                            f"{sorted(set(per_node[k].tolist()))}: a domain must hold whole "
+                            "nodes")  # fmt: skip
+        ids = per_node[:, 0]
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    runs = ids[starts]
+    if len(set(runs.tolist())) < len(runs):
+        again = int(runs[next(i for i, d in enumerate(runs) if d in runs[:i])])
+        nodes = np.flatnonzero(ids == again).tolist()
+        raise SpecError(field, domains, f"domain {again} holds nodes {nodes}, not consecutive: "
+                        "domains overlap; a domain must be a run of consecutive whole nodes")  # fmt: skip
+    sizes = sorted(set(np.diff(np.r_[starts, n]).tolist()))
+    if len(sizes) > 1:
+        raise SpecError(field, domains, f"domains of {' and '.join(map(str, sizes))} nodes: "
+                        f"every domain must hold as many nodes, a divisor of num_nodes={n}")  # fmt: skip
+    return sizes[0]

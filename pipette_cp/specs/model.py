@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from pipette_cp.errors import UnsupportedError
-from pipette_cp.specs._base import FrozenSpec
+from pipette_cp.specs import model_counts as counts
+from pipette_cp.specs.model_fields import Activation, Norm, PositionEmbedding, TransformerFields
 
-Activation = Literal["gelu", "swiglu"]
-Norm = Literal["layernorm", "rmsnorm"]
-PositionEmbedding = Literal["learned", "rope", "alibi"]
+__all__ = ["Activation", "ModelSpec", "Norm", "PositionEmbedding"]
+
+#: The expert settings and the value each has on a dense model (``num_experts`` 1).
+_DENSE_VALUES: dict[str, object] = {
+    "moe_ffn_hidden_size": None, "num_shared_experts": 0, "shared_expert_ffn_hidden_size": None,
+    "shared_expert_gate": False, "moe_layer_freq": 1, "first_k_dense_layers": 0,
+    "moe_router_aux_loss_coeff": 0.0, "moe_z_loss_coeff": 0.0, "moe_capacity_factor": None,
+    "moe_router_expert_bias": False,
+}  # fmt: skip
+#: The widths of multi-head latent attention besides kv_lora_rank (q_lora_rank is optional).
+_MLA_WIDTHS = ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 
 
-class ModelSpec(FrozenSpec):
-    """A decoder-only transformer, as Megatron-LM builds it.
+class ModelSpec(TransformerFields):
+    """A decoder-only transformer, as Megatron-LM builds it: dense, or with
+    mixture-of-experts layers, multi-head latent attention and multi-token prediction.
 
     Parameter counts are derived, never entered, so that a typo in a width
     shows up as a wrong count in the tests against published sizes.
@@ -28,130 +36,233 @@ class ModelSpec(FrozenSpec):
     ...               linear_bias=False, tied_embeddings=False, max_seq_length=4096)
     >>> round(m.total_params / 1e9, 2)
     6.74
+    >>> moe = m.model_copy(update={"num_experts": 8, "moe_top_k": 2})
+    >>> round(moe.total_params / 1e9, 1), round(moe.active_params / 1e9, 1)
+    (37.0, 11.1)
     """
 
-    name: str = Field(description="Short identifier, e.g. 'llama-2-7b'.")
-    num_layers: int = Field(gt=0, description="Number of transformer blocks.")
-    hidden_size: int = Field(gt=0, description="Model width h.")
-    num_attention_heads: int = Field(gt=0, description="Query heads a.")
-    num_kv_heads: int | None = Field(
-        default=None,
-        gt=0,
-        description="Key/value heads (grouped-query attention); None means equal to the query heads.",
-    )
-    head_dim: int | None = Field(
-        default=None, gt=0, description="Width of one head; None means hidden_size / heads."
-    )
-    ffn_hidden_size: int = Field(gt=0, description="Width of the MLP's inner layer.")
-    vocab_size: int = Field(gt=0, description="Vocabulary size V (before any padding).")
-    activation: Activation = Field(
-        default="gelu", description="MLP type: 'gelu' (2 GEMMs) or 'swiglu' (gated, 3 GEMMs)."
-    )
-    norm: Norm = Field(default="layernorm", description="Normalisation layer type.")
-    position_embedding: PositionEmbedding = Field(
-        default="learned",
-        description="'learned' adds a max_seq_length x hidden table; 'rope'/'alibi' add no parameters.",
-    )
-    linear_bias: bool = Field(default=True, description="Whether the linear layers carry biases.")
-    qkv_bias: bool = Field(
-        default=False,
-        description="Biases on the query, key and value projections only (Qwen2; Megatron "
-        "--add-qkv-bias); linear_bias puts them on every linear layer.",
-    )
-    tied_embeddings: bool = Field(
-        default=True, description="Whether the LM head shares the input embedding's weights."
-    )
-    max_seq_length: int = Field(gt=0, description="Longest sequence the model supports, tokens.")
-    rotary_base: int = Field(
-        default=10000,
-        gt=0,
-        description="RoPE base period (Megatron --rotary-base; Hugging Face rope_theta): 10000 "
-        "for Llama 2 and Mistral 7B, 500000 for Llama 3, 1000000 for Qwen2; unused without "
-        "rotary positions.",
-    )
-    rotary_fraction: float = Field(
-        default=1.0,
-        gt=0,
-        le=1,
-        description="Fraction of each head's width that RoPE rotates (Megatron --rotary-percent; "
-        "GPT-NeoX rotary_pct, 0.25 for GPT-NeoX-20B).",
-    )
-    rope_scaling_factor: int | None = Field(
-        default=None,
-        gt=0,
-        description="Llama 3.1 RoPE frequency scaling by this whole factor, 8 for Llama 3.1 "
-        "(Megatron --use-rope-scaling --rope-scaling-factor; Hugging Face rope_scaling of "
-        "rope_type 'llama3' with low and high frequency factors 1 and 4 over 8192 original "
-        "positions, which Megatron fixes); None: no scaling.",
-    )
-    norm_epsilon: float = Field(
-        default=1e-5,
-        gt=0,
-        description="Epsilon of the normalisation layers (Megatron --norm-epsilon; Hugging Face "
-        "rms_norm_eps, layer_norm_eps, layer_norm_epsilon).",
-    )
-    attention_dropout_fraction: float = Field(
-        default=0.1,
-        ge=0,
-        lt=1,
-        description="Dropout probability of the attention weights (Megatron --attention-dropout, "
-        "default 0.1); exported as 0 when training.dropout is off.",
-    )
-    hidden_dropout_fraction: float = Field(
-        default=0.1,
-        ge=0,
-        lt=1,
-        description="Dropout probability after the attention and MLP blocks and the embedding "
-        "(Megatron --hidden-dropout, default 0.1); exported as 0 when training.dropout is off.",
-    )
     num_experts: int = Field(
-        default=1, gt=0, description="MoE experts per layer; 1 = dense. MoE is not modelled yet."
+        default=1,
+        gt=0,
+        description="Routed experts of each mixture-of-experts layer (Megatron --num-experts; "
+        "Hugging Face num_local_experts, num_experts, n_routed_experts); 1 = dense.",
     )
-    moe_top_k: int = Field(default=1, gt=0, description="Experts each token is routed to (MoE).")
+    moe_top_k: int = Field(
+        default=1,
+        gt=0,
+        description="Routed experts each token goes to (Megatron --moe-router-topk; Hugging Face "
+        "num_experts_per_tok); at most num_experts.",
+    )
+    moe_ffn_hidden_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="Inner width of one routed expert (Megatron --moe-ffn-hidden-size; Hugging "
+        "Face moe_intermediate_size); None: ffn_hidden_size.",
+    )
+    num_shared_experts: int = Field(
+        default=0,
+        ge=0,
+        description="Experts every token goes through besides its routed ones (DeepSeek "
+        "n_shared_experts; Llama 4 and Qwen2-MoE have one).",
+    )
+    shared_expert_ffn_hidden_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="Total inner width of the shared experts, built as one MLP (Megatron "
+        "--moe-shared-expert-intermediate-size; Hugging Face shared_expert_intermediate_size); "
+        "None: num_shared_experts x the routed experts' width.",
+    )
+    shared_expert_gate: bool = Field(
+        default=False,
+        description="A sigmoid gate of h weights on the shared experts' output (Qwen2-MoE's "
+        "shared_expert_gate).",
+    )
+    moe_layer_freq: int = Field(
+        default=1,
+        gt=0,
+        description="Every k-th layer from the first after first_k_dense_layers is a "
+        "mixture-of-experts layer, the others dense (Megatron --moe-layer-freq: layer i is "
+        "MoE when (i - first_k_dense_layers) % k == 0); 1: every layer.",
+    )
+    first_k_dense_layers: int = Field(
+        default=0,
+        ge=0,
+        description="Leading layers that are dense (DeepSeek first_k_dense_replace: 3 for "
+        "DeepSeek-V3); below num_layers.",
+    )
+    moe_router_aux_loss_coeff: float = Field(
+        default=0.0,
+        ge=0,
+        description="Weight of the load-balancing loss, dimensionless (Megatron "
+        "--moe-aux-loss-coeff; Hugging Face router_aux_loss_coef, aux_loss_alpha); 0: none.",
+    )
+    moe_z_loss_coeff: float = Field(
+        default=0.0,
+        ge=0,
+        description="Weight of the router z-loss, dimensionless (Megatron --moe-z-loss-coeff); "
+        "0: none.",
+    )
+    moe_capacity_factor: float | None = Field(
+        default=None,
+        gt=0,
+        description="Tokens an expert takes, as a dimensionless multiple of its even share "
+        "(Megatron --moe-expert-capacity-factor); the rest are dropped; None: dropless.",
+    )
+    moe_router_expert_bias: bool = Field(
+        default=False,
+        description="A per-expert bias the router adds to pick the top k, for load balancing "
+        "without an auxiliary loss (DeepSeek-V3's e_score_correction_bias, Megatron "
+        "--moe-router-enable-expert-bias): a buffer, counted as the checkpoint stores it.",
+    )
+    mtp_layers: int = Field(
+        default=0,
+        ge=0,
+        description="Multi-token prediction modules after the last layer (DeepSeek-V3 "
+        "num_nextn_predict_layers 1, Megatron --mtp-num-layers), each one block of the last "
+        "layer's kind with its norms and eh_proj; counted in total_params.",
+    )
+    qk_rope_head_dim: int | None = Field(
+        default=None,
+        gt=0,
+        description="Multi-head latent attention: width of the rotary part of each query and "
+        "key head (64 for DeepSeek-V3); None without latent attention.",
+    )
+    qk_nope_head_dim: int | None = Field(
+        default=None,
+        gt=0,
+        description="Multi-head latent attention: width of the non-rotary part of each query "
+        "and key head (128 for DeepSeek-V3).",
+    )
+    v_head_dim: int | None = Field(
+        default=None,
+        gt=0,
+        description="Multi-head latent attention: width of each value head (128 for DeepSeek-V3).",
+    )
+    q_lora_rank: int | None = Field(
+        default=None,
+        gt=0,
+        description="Multi-head latent attention: rank of the query compression (1536 for "
+        "DeepSeek-V3); None: one q_proj (DeepSeek-V2-Lite).",
+    )
+    kv_lora_rank: int | None = Field(
+        default=None,
+        gt=0,
+        description="Multi-head latent attention (DeepSeek-V2/V3, Megatron "
+        "--multi-latent-attention): rank of the shared key/value compression (512 for "
+        "DeepSeek-V3); needs qk_rope_head_dim, qk_nope_head_dim and v_head_dim; None: "
+        "ordinary attention.",
+    )
     source: str = Field(default="", description="Where the numbers come from (paper, config file).")
 
-    @model_validator(mode="before")
+    # ------------------------------------------------------------ validation
+    @field_validator("moe_top_k")
     @classmethod
-    def _default_kv_heads(cls, data: object) -> object:
-        if isinstance(data, dict) and data.get("num_kv_heads") is None:
-            data = {**data, "num_kv_heads": data.get("num_attention_heads")}
-        return data
-
-    @field_validator("name")
-    @classmethod
-    def _name_not_empty(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be empty")
+    def _top_k_within_experts(cls, value: int, info: ValidationInfo) -> int:
+        experts = info.data.get("num_experts")
+        if experts is not None and value > experts:
+            raise ValueError(f"exceeds num_experts={experts}: a token goes to at most every expert")
         return value
 
+    @field_validator(*_DENSE_VALUES)
+    @classmethod
+    def _experts_needed(cls, value: object, info: ValidationInfo) -> object:
+        assert info.field_name is not None
+        if value != _DENSE_VALUES[info.field_name] and info.data.get("num_experts") == 1:
+            raise ValueError(
+                "an expert setting on a dense model (num_experts=1); give num_experts > 1 or drop it"
+            )
+        shared = info.data.get("num_shared_experts")
+        if (
+            info.field_name.startswith("shared_expert")
+            and value not in (None, False)
+            and not shared
+        ):
+            raise ValueError("needs num_shared_experts > 0")
+        layers = info.data.get("num_layers")
+        if info.field_name == "first_k_dense_layers" and layers is not None and value >= layers:  # type: ignore[operator]
+            raise ValueError(f"must be below num_layers={layers}: at least one layer has experts")
+        return value
+
+    @field_validator("kv_lora_rank")
+    @classmethod
+    def _latent_attention_complete(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is None:
+            return value
+        missing = [name for name in _MLA_WIDTHS if info.data.get(name) is None]
+        heads, kv = info.data.get("num_attention_heads"), info.data.get("num_kv_heads")
+        if missing:
+            rule = f"multi-head latent attention also needs {', '.join(missing)}"
+        elif heads is not None and kv != heads:
+            rule = f"latent attention has no key/value heads of its own: num_kv_heads={kv} must equal num_attention_heads={heads}"  # fmt: skip
+        elif info.data.get("head_dim") is not None:
+            rule = "latent attention sets its head widths itself: drop head_dim"
+        elif any(info.data.get(k) for k in ("linear_bias", "qkv_bias", "qk_norm")):
+            rule = "biases and q/k norms are not modelled with latent attention (linear_bias, qkv_bias, qk_norm)"  # fmt: skip
+        elif info.data.get("position_embedding") != "rope":
+            rule = "latent attention rotates qk_rope_head_dim of each head: needs position_embedding 'rope'"  # fmt: skip
+        else:
+            return value
+        raise ValueError(rule)
+
     @model_validator(mode="after")
-    def _heads_divide(self) -> ModelSpec:
+    def _consistent(self) -> ModelSpec:
+        if not self.is_mla:
+            given = [n for n in (*_MLA_WIDTHS, "q_lora_rank") if getattr(self, n) is not None]
+            if given:
+                raise ValueError(
+                    f"{given[0]}={getattr(self, given[0])}: a multi-head latent attention width "
+                    "without kv_lora_rank (give kv_lora_rank, or drop it for ordinary attention)"
+                )
         if self.num_attention_heads % self.kv_heads:
             raise ValueError(
                 f"num_attention_heads={self.num_attention_heads} is not divisible by "
                 f"num_kv_heads={self.kv_heads}"
             )
-        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+        if (
+            not self.is_mla
+            and self.head_dim is None
+            and self.hidden_size % self.num_attention_heads
+        ):
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not divisible by "
                 f"num_attention_heads={self.num_attention_heads}; give head_dim explicitly"
             )
+        if self.yarn_scaling_factor is not None:
+            if self.yarn_original_max_seq_length is None:
+                raise ValueError(
+                    f"yarn_scaling_factor={self.yarn_scaling_factor}: needs "
+                    "yarn_original_max_seq_length (the context YaRN extends)"
+                )
+            if self.rope_scaling_factor is not None:
+                raise ValueError(
+                    f"yarn_scaling_factor={self.yarn_scaling_factor}: give one RoPE scaling, "
+                    f"not also rope_scaling_factor={self.rope_scaling_factor}"
+                )
         return self
 
     # ------------------------------------------------------------ derived sizes
     @property
     def kv_heads(self) -> int:
-        """Key/value heads (equal to the query heads without GQA)."""
+        """Key/value heads (equal to the query heads without GQA and with latent attention)."""
         return self.num_kv_heads or self.num_attention_heads
 
     @property
     def head_size(self) -> int:
-        """Width of one attention head."""
+        """Width of one attention head (of its queries and keys with latent attention)."""
+        if self.is_mla:
+            assert self.qk_nope_head_dim is not None and self.qk_rope_head_dim is not None
+            return self.qk_nope_head_dim + self.qk_rope_head_dim
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
     @property
     def is_moe(self) -> bool:
+        """Whether the model has mixture-of-experts layers."""
         return self.num_experts > 1
+
+    @property
+    def is_mla(self) -> bool:
+        """Whether attention is multi-head latent attention (``kv_lora_rank`` given)."""
+        return self.kv_lora_rank is not None
 
     def require_dense(self) -> None:
         """Raise :class:`UnsupportedError` for mixture-of-experts models."""
@@ -161,44 +272,95 @@ class ModelSpec(FrozenSpec):
             )
 
     @property
+    def expert_width(self) -> int:
+        """Inner width of one routed expert."""
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
+
+    @property
+    def shared_expert_width(self) -> int:
+        """Total inner width of the shared experts (0 without them)."""
+        return self.shared_expert_ffn_hidden_size or self.num_shared_experts * self.expert_width
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether block ``layer`` (0-based) is a mixture-of-experts layer."""
+        first, freq = self.first_k_dense_layers, self.moe_layer_freq
+        return self.is_moe and layer >= first and (layer - first) % freq == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Mixture-of-experts layers (0 for a dense model)."""
+        if not self.is_moe:
+            return 0
+        return -(-(self.num_layers - self.first_k_dense_layers) // self.moe_layer_freq)
+
+    @property
+    def num_dense_layers(self) -> int:
+        """Layers with a dense MLP of ffn_hidden_size."""
+        return self.num_layers - self.num_moe_layers
+
+    @property
     def attention_params(self) -> int:
-        """Q, K, V and output projections of one layer (plus their biases: all four with
-        ``linear_bias``, Q, K and V alone with ``qkv_bias``)."""
-        h = self.hidden_size
-        q_width = self.num_attention_heads * self.head_size
-        kv_width = self.kv_heads * self.head_size
-        weights = h * q_width + 2 * h * kv_width + q_width * h
-        if self.linear_bias:
-            biases = q_width + 2 * kv_width + h
-        else:
-            biases = q_width + 2 * kv_width if self.qkv_bias else 0
-        return weights + biases
+        """Attention of one layer: Q, K, V and output projections (plus their biases: all
+        four with ``linear_bias``, Q, K and V alone with ``qkv_bias``), q/k norms and
+        sinks, or the projections and norms of multi-head latent attention."""
+        return counts.attention(self)
 
     @property
     def mlp_params(self) -> int:
-        """MLP of one layer: 2 matrices for GeLU, 3 for SwiGLU (plus biases)."""
-        h, f = self.hidden_size, self.ffn_hidden_size
-        n_in = 2 if self.activation == "swiglu" else 1
-        weights = (n_in + 1) * h * f
-        biases = (n_in * f + h) if self.linear_bias else 0
-        return weights + biases
+        """Dense MLP of one layer: 2 matrices for GeLU, 3 for SwiGLU (plus biases)."""
+        return counts.mlp(self, self.ffn_hidden_size)
+
+    @property
+    def expert_params(self) -> int:
+        """One routed expert."""
+        return counts.mlp(self, self.expert_width)
+
+    @property
+    def router_params(self) -> int:
+        """The router of one mixture-of-experts layer (0 for a dense model)."""
+        return counts.router(self) if self.is_moe else 0
+
+    @property
+    def shared_expert_params(self) -> int:
+        """The shared experts of one mixture-of-experts layer, with their gate."""
+        return counts.shared_experts(self)
 
     @property
     def norm_params(self) -> int:
-        """One normalisation layer: scale (and shift for LayerNorm)."""
-        return (2 if self.norm == "layernorm" else 1) * self.hidden_size
+        """One normalisation layer of width h: scale (and shift for LayerNorm)."""
+        return counts.norm(self, self.hidden_size)
+
+    @property
+    def dense_layer_params(self) -> int:
+        """One dense block: attention, MLP and its norms."""
+        return self.attention_params + self.mlp_params + counts.block_norms(self)
+
+    @property
+    def moe_layer_params(self) -> int:
+        """One mixture-of-experts block: attention, every expert, the router, norms."""
+        return self.attention_params + counts.moe_mlp(self, self.num_experts) + counts.block_norms(self)  # fmt: skip
+
+    @property
+    def moe_layer_active_params(self) -> int:
+        """What one token uses of a mixture-of-experts block: its top-k routed experts,
+        the shared experts, the router, attention and norms."""
+        return self.attention_params + counts.moe_mlp(self, self.moe_top_k) + counts.block_norms(self)  # fmt: skip
 
     @property
     def params_per_layer(self) -> int:
-        """One transformer block: attention, MLP (every expert and the router for
-        MoE) and its two norms."""
-        router = self.hidden_size * self.num_experts if self.is_moe else 0
-        return (
-            self.attention_params
-            + self.num_experts * self.mlp_params
-            + router
-            + 2 * self.norm_params
-        )
+        """One transformer block of a dense model.
+
+        Raises :class:`UnsupportedError` for a mixture-of-experts model, whose blocks are
+        :attr:`moe_layer_params` and :attr:`dense_layer_params`, and whose parameters per
+        GPU depend on the expert layout, which is not modelled yet.
+        """
+        if self.is_moe:
+            raise UnsupportedError(
+                "model.num_experts", self.num_experts, "mixture-of-experts models are not "
+                "modelled yet: their parameters per GPU depend on the expert layout (the blocks "
+                "are moe_layer_params and dense_layer_params)",
+            )  # fmt: skip
+        return self.dense_layer_params
 
     @property
     def embedding_params(self) -> int:
@@ -212,11 +374,21 @@ class ModelSpec(FrozenSpec):
         return 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
 
     @property
+    def mtp_params(self) -> int:
+        """The multi-token prediction modules (sharing the embedding and LM head)."""
+        block = self.moe_layer_params if self.is_moe else self.dense_layer_params
+        return self.mtp_layers * counts.mtp_module(self, block)
+
+    @property
     def total_params(self) -> int:
-        """Every parameter: blocks, embeddings, final norm and untied LM head."""
-        return (
-            self.num_layers * self.params_per_layer
-            + self.embedding_params
-            + self.norm_params
-            + self.output_params
-        )
+        """Every parameter: blocks (every expert), embeddings, final norm, untied LM head
+        and the multi-token prediction modules."""
+        return counts.total(self, active=False)
+
+    @property
+    def active_params(self) -> int:
+        """The parameters one token uses: every dense part (the embedding table and LM
+        head included, as Mistral and Qwen count them), and of each mixture-of-experts
+        layer the top-k routed experts, the shared experts and the router; the
+        multi-token prediction modules likewise.  Equal to total_params when dense."""
+        return counts.total(self, active=True)

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from pipette_cp.specs._base import FrozenSpec
 
-Precision = Literal["bf16", "fp16"]
+Precision = Literal["bf16", "fp16", "fp8"]
+#: Megatron-Core's ``--fp8-recipe`` scaling recipes (Transformer Engine's DelayedScaling,
+#: Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling).
+Fp8Recipe = Literal["delayed", "tensorwise", "blockwise", "mxfp8"]
+#: Megatron-Core's ``--fp8-format``: E4M3 everywhere, or E4M3 forward and E5M2 gradients.
+Fp8Format = Literal["e4m3", "hybrid"]
 Optimizer = Literal["adam", "sgd"]
 Recompute = Literal["none", "selective", "full"]
 Sharding = Literal["none", "optim", "optim_grads", "optim_grads_params"]
@@ -118,7 +123,27 @@ class TrainingSpec(FrozenSpec):
         gt=0, le=MAX_GLOBAL_BATCH_SIZE, description="Sequences per optimizer step."
     )
     seq_length: int = Field(gt=0, le=MAX_SEQ_LENGTH, description="Tokens per sequence.")
-    precision: Precision = Field(default="bf16", description="Mixed-precision compute type.")
+    precision: Precision = Field(
+        default="bf16",
+        description="Mixed-precision compute type.  fp8: bf16 mixed precision whose "
+        "transformer-layer GEMMs (QKV, attention projection, MLP) run in FP8 through "
+        "Transformer Engine (Megatron --fp8-format); attention, LM head and element-wise "
+        "kernels stay bf16.",
+    )
+    fp8_recipe: Fp8Recipe | None = Field(
+        default=None,
+        description="FP8 scaling recipe (Megatron --fp8-recipe), only with precision fp8: "
+        "delayed (amax history), tensorwise (current per-tensor scaling), blockwise "
+        "(1x128 / 128x128 blocks; Hopper, Blackwell), mxfp8 (1x32 blocks; Blackwell only).  "
+        "None: delayed, Megatron's default.",
+    )
+    fp8_format: Fp8Format | None = Field(
+        default=None,
+        description="FP8 format (Megatron --fp8-format), only with precision fp8: e4m3 "
+        "everywhere, or hybrid (e4m3 forward, e5m2 gradients).  None: Transformer Engine's "
+        "default of the recipe (hybrid for delayed and tensorwise, e4m3 for blockwise and "
+        "mxfp8).",
+    )
     optimizer: Optimizer = Field(
         default="adam",
         description="'adam' (Megatron mixed precision: fp32 master weights, two fp32 moments) "
@@ -196,6 +221,14 @@ class TrainingSpec(FrozenSpec):
         if self.memory_headroom_bytes is not None and self.memory_headroom_fraction is not None:
             raise ValueError("give memory_headroom_bytes or memory_headroom_fraction, not both")
         return self
+
+    @field_validator("fp8_recipe", "fp8_format")
+    @classmethod
+    def _only_with_fp8(cls, value: str | None, info: ValidationInfo) -> str | None:
+        precision = info.data.get("precision")
+        if value is not None and precision is not None and precision != "fp8":
+            raise ValueError(f"only with precision fp8 (precision is {precision})")
+        return value
 
     @field_validator("framework", mode="before")
     @classmethod

@@ -22,7 +22,8 @@ Placement = tuple[tuple[int, ...], ...]
 
 
 def require_layout_fits(instance: Instance, plan: Plan, method: str) -> None:
-    """Raise :class:`LayoutError` unless dp x pp x tp GPUs exist and tp | gpus_per_node.
+    """Raise :class:`LayoutError` unless dp x pp x tp GPUs exist and tp divides the GPUs
+    of a node (or, beyond a node, is whole nodes dividing the NVLink domain).
 
     Every baseline keeps a unit's tp ranks on one node by cutting each node
     into ``gpus_per_node / tp`` aligned groups (Megatron's consecutive tp ranks
@@ -41,12 +42,14 @@ def require_layout_fits(instance: Instance, plan: Plan, method: str) -> None:
             f"{method}: dp*pp*tp={plan.dp}*{plan.pp}*{plan.tp} exceeds the "
             f"{cluster.num_gpus} GPUs of the cluster",
         )
-    if cluster.gpus_per_node % plan.tp:
+    g, domain = cluster.gpus_per_node, cluster.gpus_per_domain
+    if g % plan.tp if plan.tp <= g else plan.tp % g or domain % plan.tp:
         raise LayoutError(
             "plan.tp",
             plan.tp,
-            f"{method}: tp={plan.tp} does not divide gpus_per_node={cluster.gpus_per_node}, "
-            "so a tensor-parallel group would span nodes",
+            f"{method}: tp={plan.tp} does not divide gpus_per_node={g}"
+            + (f" nor the {domain} GPUs of an NVLink domain" if domain > g else "")
+            + ", so a tensor-parallel group would span nodes",
         )
 
 

@@ -44,8 +44,9 @@ def random_placement(
     [0, 1, 2, 3, 4, 5, 6, 7]
     """
     groups: list[tuple[int, ...]] = []
-    for node in range(cluster.num_nodes):
-        gpus = list(cluster.gpus_of_node(node))
+    span = cluster.gpus_per_node if tp <= cluster.gpus_per_node else cluster.gpus_per_domain
+    for first in range(0, cluster.num_gpus, span):  # a node, or an NVLink domain for wide tp
+        gpus = list(range(first, first + span))
         rng.shuffle(gpus)
         groups.extend(tuple(gpus[i : i + tp]) for i in range(0, len(gpus) - tp + 1, tp))
     if len(groups) < dp * pp:

@@ -1,10 +1,15 @@
 """Construction of :class:`~pipette_cp.solvers.placement.data.PlacementData`.
 
-Slots are the tp-aligned GPU blocks of each node; places are whole nodes when
-every node's slots are interchangeable (:func:`node_uniform`), else single
-slots.  Pair bandwidths, compute classes (GPU type x TP-link bandwidth of a
-place), memory feasibility and message sizes are computed here exactly as
-:class:`~pipette_cp.cost.evaluate.Evaluator` computes them.
+Slots (:func:`tensor_slots`): where every node's GPUs are interchangeable
+(:func:`node_uniform`) the tp-aligned blocks of each node, and places are whole
+nodes; elsewhere (the cube mesh, PCIe switches, a failed NVLink) each node's GPUs
+cut into the tensor groups with the fastest rings
+(:func:`~pipette_cp.cost.rings.best_partition`; the aligned blocks whenever they
+are among the best), and places are single slots.  A tensor group wider than a
+node (tp > gpus_per_node, in an NVLink domain of several nodes) is an aligned
+block of ``tp`` consecutive GPUs of one domain.  Pair bandwidths, compute classes
+(GPU type x TP-link bandwidth of a place), memory feasibility and message sizes are
+computed here exactly as :class:`~pipette_cp.cost.evaluate.Evaluator` computes them.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from pipette_cp.cost.memory import (
     stage_params_per_gpu,
     usable_memory_bytes,
 )
-from pipette_cp.cost.rings import ring_bandwidths
+from pipette_cp.cost.rings import best_partition, partition_is_complete, ring_bandwidths
 from pipette_cp.errors import InfeasibleError, LayoutError
 from pipette_cp.solvers.placement.data import PlacementData
 from pipette_cp.specs import Instance, Plan
@@ -30,10 +35,47 @@ from pipette_cp.specs.training import GRADIENT_SHARDING
 from pipette_cp.units import BYTES_PER_ELEMENT
 
 
-def _slots(instance: Instance, tp: int) -> np.ndarray:
+def tensor_slots(instance: Instance, tp: int) -> tuple[np.ndarray, bool]:
+    """The slots of ``tp``-GPU units, (count, tp) GPU ids by node, each slot ascending,
+    and whether they are *complete*: every placement of units on any tp GPUs of one
+    node (of one NVLink domain, beyond a node) has a twin on these slots with the
+    same links (:func:`~pipette_cp.cost.rings.partition_is_complete`), so that what
+    is proven over the slots holds over every grouping.
+
+    Raises :class:`LayoutError` when ``tp`` neither divides ``gpus_per_node`` nor is
+    a multiple of it dividing the GPUs of an NVLink domain."""
     c = instance.cluster
-    per = c.gpus_per_node // tp
-    return np.arange(c.num_gpus).reshape(c.num_nodes * per, tp)
+    g, domain = c.gpus_per_node, c.gpus_per_domain
+    if tp > g and c.nodes_per_nvlink_domain > 1 and (tp % g or domain % tp):
+        raise LayoutError(
+            "plan.tp", tp, f"tp={tp} is neither a divisor of gpus_per_node={g} nor a multiple "
+            f"of it dividing the {domain} GPUs of an NVLink domain: placement slots are "
+            "tp-aligned blocks of one NVLink domain",
+        )  # fmt: skip
+    if (g % tp and tp <= g) or tp > domain:
+        raise LayoutError(
+            "plan.tp", tp, f"tp={tp} does not divide gpus_per_node={g}: "
+            "placement slots are tp-aligned blocks of one node",
+        )  # fmt: skip
+    bw = c.bandwidth_bytes_per_s
+    if tp > g:  # aligned blocks of whole nodes of one domain (of one GPU type, to be alike)
+        slots, per = np.arange(c.num_gpus).reshape(-1, tp), c.nodes_per_nvlink_domain
+        complete = all(
+            len(set(c.node_gpu_types[d * per : (d + 1) * per])) == 1
+            and partition_is_complete(bw, np.arange(d * domain, (d + 1) * domain),
+                                      slots[d * domain // tp : (d + 1) * domain // tp])
+            for d in range(c.num_domains)
+        )  # fmt: skip
+        return slots, complete
+    if node_uniform(instance):
+        return np.arange(c.num_gpus).reshape(-1, tp), True
+    cuts, complete = [], True
+    for n in range(c.num_nodes):
+        gpus = np.arange(n * g, (n + 1) * g)
+        cut = gpus[best_partition(bw[np.ix_(gpus, gpus)], tp)]
+        complete = complete and partition_is_complete(bw, gpus, cut)
+        cuts.append(cut)
+    return np.concatenate(cuts), complete
 
 
 def node_uniform(instance: Instance) -> bool:
@@ -57,17 +99,12 @@ def build_placement_data(
     Raises
     ------
     LayoutError
-        ``tp`` does not divide ``gpus_per_node``, or the plan needs more units
-        than there are slots.
+        ``tp`` does not divide ``gpus_per_node`` (nor, beyond a node, is a multiple of
+        it dividing an NVLink domain), or the plan needs more units than there are slots.
     """
     c, tp, pp, dp = instance.cluster, plan.tp, plan.pp, plan.dp
-    if c.gpus_per_node % tp:
-        raise LayoutError(
-            "plan.tp", tp, f"tp={tp} does not divide gpus_per_node={c.gpus_per_node}: "
-            "placement slots are tp-aligned blocks of one node",
-        )  # fmt: skip
     ev = evaluator or Evaluator(instance, dp_algorithm="ring", validate=False)
-    slots = _slots(instance, tp)
+    slots, complete = tensor_slots(instance, tp)
     if pp * dp > len(slots):
         raise LayoutError(
             "plan.dp*pp", pp * dp, f"{pp * dp} units of tp={tp} but only {len(slots)} slots"
@@ -77,7 +114,7 @@ def build_placement_data(
     tp_bw = ring_bandwidths(bw, slots) if tp > 1 else np.full(len(slots), np.inf)
     usable = tp_bw > 0
     slot_node = slots[:, 0] // c.gpus_per_node
-    node_level = node_uniform(instance)
+    node_level = tp <= c.gpus_per_node and node_uniform(instance)
     if node_level:
         place_slots = [np.flatnonzero(usable & (slot_node == n)) for n in range(c.num_nodes)]
         rep = np.array([s[0] if len(s) else n * (c.gpus_per_node // tp) for n, s in
@@ -92,27 +129,30 @@ def build_placement_data(
             "free of failed links"
         )
     if not capacity.any():
-        raise InfeasibleError(
-            "every tp-aligned GPU block has a failed link on every ring of its GPUs"
-        )
+        raise InfeasibleError("every tensor group of the slots has a failed link on every "
+                              "ring of its GPUs")  # fmt: skip
     place_node = slot_node[rep]
     # pair bandwidth of two units: slowest of the tp rank-to-rank flows
     pair = bw[slots[rep][:, None, :], slots[rep][None, :, :]].min(axis=2)
     if node_level and c.gpus_per_node > 1:  # two slots of one node: any intra-node pair
         g0 = place_node * c.gpus_per_node
         pair[np.arange(len(rep)), np.arange(len(rep))] = bw[g0, g0 + 1]
-    cross = place_node[:, None] != place_node[None, :]
+    node_cross = place_node[:, None] != place_node[None, :]
+    place_domain = place_node // c.nodes_per_nvlink_domain
+    # only flows that leave an NVLink domain go through NICs (cost.comm.shared_nic_flows):
+    # a unit's flows leave from its GPUs on each of its nodes, min(tp, g) per node
+    cross = place_domain[:, None] != place_domain[None, :]
     fabric = ev.fabric
-    share = np.where(cross, fabric.nic_capacity_bytes_per_s / tp, np.inf)
+    share = np.where(cross, fabric.nic_capacity_bytes_per_s / min(tp, c.gpus_per_node), np.inf)
     eff = np.minimum(pair, share)
     with np.errstate(divide="ignore"):
         inv_bw = np.where(eff > 0, 1.0 / eff, np.inf)
-    latency = np.where(cross, c.inter_node_latency_s, c.intra_node_latency_s)
+    latency = np.where(node_cross, c.inter_node_latency_s, c.intra_node_latency_s)
     return PlacementData(
         instance=instance, plan=plan, evaluator=ev, slot_gpus=slots, place_slots=place_slots,
         place_node=place_node, capacity=capacity, node_level=node_level, latency=latency,
         cross=cross, inv_bw=inv_bw, nic_capacity=fabric.nic_capacity_bytes_per_s,
-        constraints=tuple(constraints),
+        constraints=tuple(constraints), place_domain=place_domain, slots_complete=complete,
         **_stage_tables(instance, plan, place_node, tp_bw[rep], capacity),
     )  # fmt: skip
 

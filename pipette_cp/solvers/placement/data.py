@@ -1,8 +1,11 @@
 """What every placement method needs, built once per (instance, skeleton plan).
 
 Vocabulary (STYLE.md): a *unit* is the ``tp`` ranks of one stage of one DP
-replica (index ``stage * dp + replica``, as ``Plan.placement``); a *slot* is
-a tp-aligned block ``[k tp, (k + 1) tp)`` of one node's GPUs; a *place* is
+replica (index ``stage * dp + replica``, as ``Plan.placement``); a *slot* is a
+tensor group of ``tp`` GPUs of one node (of one NVLink domain when tp exceeds a
+node), in ascending order: a tp-aligned block ``[k tp, (k + 1) tp)`` where the
+node's GPUs are interchangeable, else a group of the node's best cut into tensor
+groups (:func:`~pipette_cp.solvers.placement.build.tensor_slots`); a *place* is
 what a unit is assigned to.  When every node's slots are interchangeable
 (uniform links inside the node, and every GPU pair of two nodes with the same
 bandwidth: true of all generated and measured clusters but the DGX-1 cube
@@ -88,6 +91,13 @@ class PlacementData:
     ``inv_bw[p, q]`` is ``1 / bandwidth`` of one flow from a unit on ``p`` to one
     on ``q`` with the NIC share of one unit folded in (``inf`` = failed pair);
     on a node place, ``inv_bw[p, p]`` is the link between two of its slots.
+    ``place_node`` is a place's node (its first node when a slot spans several),
+    ``place_domain`` its NVLink domain; ``cross[p, q]``: a flow from ``p`` to ``q``
+    leaves the domain (through the NICs); ``latency`` is the inter-node one between
+    two nodes, NVLink or not (the Evaluator's).  ``slots_complete``: the slots match
+    every grouping of a node's GPUs into tensor groups
+    (:func:`~pipette_cp.solvers.placement.build.tensor_slots`); where not, a bound
+    over them says nothing of placements on other groups.
     """
 
     instance: Instance
@@ -120,9 +130,15 @@ class PlacementData:
     layer_gather_ratio: float
     #: user constraint families (:mod:`pipette_cp.solvers.extensions`)
     constraints: tuple = ()
+    #: NVLink domain of each place (None: its node)
+    place_domain: np.ndarray | None = None
+    #: whether the slots match every grouping of the GPUs into tensor groups
+    slots_complete: bool = True
     xi: XIndex = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.place_domain is None:
+            self.place_domain = self.place_node
         p = self.plan
         self.xi = XIndex.make(self.hops, p.pp, p.dp > 1, self.tied, len(self.class_forward))
 
@@ -201,24 +217,24 @@ class PlacementData:
         return tuple(tuple(int(g) for g in unit) for unit in gpus)
 
     def assignment_of(self, placement: tuple[tuple[int, ...], ...]) -> np.ndarray | None:
-        """The places of a plan's units, or None if some unit is not on one (a
-        non-aligned GPU group where places are slots, a unit across nodes...)."""
+        """The places of a plan's units, or None if some unit is not on one: on a node
+        place, any tp GPUs of its node; on a slot place, the slot's GPUs in any order
+        (slots need not be aligned blocks; a hint's own rank order is not kept)."""
         g = self.instance.cluster.gpus_per_node
         out = np.empty(self.num_units, dtype=np.int64)
         if self.node_level:
             by_node = {int(self.place_node[p]): p for p in range(self.num_places)}
         else:
-            by_slot = {tuple(self.slot_gpus[s]): s for s in range(len(self.slot_gpus))}
-            slot_place = {int(sl): p for p, sls in enumerate(self.place_slots) for sl in sls}
+            by_group = {frozenset(self.slot_gpus[sl].tolist()): p
+                        for p, sls in enumerate(self.place_slots) for sl in sls}  # fmt: skip
         for u, unit in enumerate(placement):
-            nodes = {x // g for x in unit}
-            if len(nodes) != 1 or len(unit) != self.plan.tp:
+            if len(unit) != self.plan.tp:
                 return None
             if self.node_level:
-                place = by_node.get(nodes.pop())
+                nodes = {x // g for x in unit}
+                place = by_node.get(nodes.pop()) if len(nodes) == 1 else None
             else:
-                slot = by_slot.get(tuple(unit))
-                place = None if slot is None else slot_place.get(slot)
+                place = by_group.get(frozenset(unit))
             if place is None or not self.allowed[self.stage_of(u), place]:
                 return None
             out[u] = place

@@ -56,7 +56,10 @@ class CutPool:
         timed[booleans] = False
         scaled = g[timed] * CUT_GRID
         near = np.round(scaled)
-        snapped = np.where(np.abs(scaled - near) < 1e-4, near, np.floor(scaled)) / CUT_GRID
+        # a slope within rounding of a grid point is that point (rounded up: paid for
+        # below, over every improving plan's inputs); else the grid point under it
+        close = np.abs(scaled - near) < 1e-4
+        snapped = np.where(close, near, np.floor(scaled)) / CUT_GRID
         raise_by = np.maximum(snapped - g[timed], 0.0)
         intercept -= float(raise_by @ ub[timed])  # stays below f wherever x <= ub
         g[timed] = snapped

@@ -19,8 +19,10 @@ Cost families (``v`` the unit after ``u``): for every place ``p`` of ``u``,
 ``place[u, p] => T >= sum_q c(p, q) place[v, q]`` and the mirror over ``q``
 (the "max over flows" of a hop, ring link or embedding pair, with ``c`` the
 Evaluator's flow time at one unit's NIC share).  NIC sharing (nodes that may
-hold several units): ``cross[e, n] >= place_node[u, n] - place_node[v, n]``
-counts flows leaving node ``n`` and ``T >= bytes tp / nic_capacity x count``
+hold several units): ``cross[e, n] >= place_node[u, n] - sum_{m in D(n)}
+place_node[v, m]`` counts flows leaving node ``n`` for another NVLink domain
+(``D(n)``: the nodes of ``n``'s domain, ``{n}`` by default; flows between the
+nodes of one domain run over NVLink) and ``T >= bytes tp / nic_capacity x count``
 (docs/design.md, section 3, the Evaluator's ``concurrent_flows``).
 """
 
@@ -59,6 +61,8 @@ class PlacementModel:
         symmetry: bool = True,
     ) -> None:
         self.data, self.b, self.domains = data, backend, domains
+        per = data.instance.cluster.nodes_per_nvlink_domain
+        self.domain_of_node = np.arange(data.instance.cluster.num_nodes) // per
         self.lower_x, self.upper_x, self.upper_s = lower_x, upper_x, upper_s
         self.build_variables()
         self.add_placement_bijection()
@@ -146,12 +150,16 @@ class PlacementModel:
                 self.b.add_linear(terms, "<=", cap, f"capacity_{p}")
 
     def add_tp_within_node(self) -> None:
-        """Nothing to add: every place is a tp-aligned block (or a set of them) of one
-        node, so the tp ranks of a unit never span nodes; checked here once."""
+        """Nothing to add: every place is a tensor group (or a set of them) of one node,
+        or of one NVLink domain when tp exceeds a node, so the tp ranks of a unit never
+        span nodes (domains); checked here once."""
         d = self.data
+        cluster = d.instance.cluster
         for p, slots in enumerate(d.place_slots):
-            nodes = d.slot_gpus[slots] // d.instance.cluster.gpus_per_node
-            assert (nodes == d.place_node[p]).all()
+            gpus = d.slot_gpus[slots]
+            if d.plan.tp <= cluster.gpus_per_node:
+                assert (gpus // cluster.gpus_per_node == d.place_node[p]).all()
+            assert (gpus // cluster.gpus_per_domain == self.domain_of_node[d.place_node[p]]).all()
 
     def add_memory_limit(self) -> None:
         """Domains hold only places whose GPU type fits the stage (checked here)."""
@@ -225,9 +233,12 @@ class PlacementModel:
         for _, u, v in d.edges()["emb"]:
             self._max_over_pairs(xi.emb, d.emb_cost(), u, v, f"emb_{u}")
 
-    def _crossing(self, u: int, v: int, n: int, name: str) -> Any:
-        """0/1 (literal or constant) >= [u on node n and v not]."""
-        on_u, on_v = self.nodes_of(u).get(n, []), self.nodes_of(v).get(n, [])
+    def _crossing(self, u: int, v: int, n: int, name: str, domain: bool = False) -> Any:
+        """0/1 (literal or constant) >= [u on node n and v not] (``domain``: and v not
+        on any node of n's NVLink domain)."""
+        on_u, of_v = self.nodes_of(u).get(n, []), self.nodes_of(v)
+        near = np.flatnonzero(self.domain_of_node == self.domain_of_node[n]) if domain else [n]
+        on_v = [x for m in near for x in of_v.get(int(m), [])]
         const = sum(1 for x in on_u if _const(x)) - sum(1 for x in on_v if _const(x))
         terms = [(1, x) for x in on_u if not _const(x)] + [(-1, x) for x in on_v if not _const(x)]
         if not terms:
@@ -237,16 +248,17 @@ class PlacementModel:
         return flag
 
     def add_nic_sharing(self) -> None:
-        """Flows leaving (entering) a node share its NICs (only nodes that hold >= 2 units;
-        a lone unit's share is folded into the pair costs).  Also sets the ring latency
-        indicators ``cross[s]``."""
+        """Flows leaving (entering) a node for another NVLink domain share its NICs (only
+        nodes that hold >= 2 units; a lone unit's share is folded into the pair costs).
+        Also sets the ring latency indicators ``cross[s]`` (the ring leaves a node)."""
         d, xi = self.data, self.data.xi
         cl = d.instance.cluster
         per_node = np.bincount(d.place_node, weights=d.capacity, minlength=cl.num_nodes)
         shared = [n for n in range(cl.num_nodes) if per_node[n] >= 2]
         per_count = d.plan.tp / d.nic_capacity
         edges = d.edges()
-        ring_flags: dict[tuple[str, int], list[tuple[int, Any]]] = {}
+        wide = cl.nodes_per_nvlink_domain > 1  # NIC flows: leaving the domain, not the node
+        ring_flags: dict[tuple[str, int], list[tuple[int, Any, Any]]] = {}
         for family, var_of in (("hop", lambda s: (xi.hf[s], xi.hb[s])), ("emb", lambda s: (xi.emb,)),
                                ("ring", lambda s: (xi.ring[s],))):  # fmt: skip
             for n in shared:
@@ -254,25 +266,28 @@ class PlacementModel:
                     by_index: dict[int, list[Any]] = {}
                     for k, (i, u, v) in enumerate(edges[family]):
                         a, c = (u, v) if way == "out" else (v, u)
-                        flag = self._crossing(a, c, n, f"cross_{family}_{way}_{k}_{n}")
-                        if not (_const(flag) and not flag):
+                        name = f"cross_{family}_{way}_{k}_{n}"
+                        flag = self._crossing(a, c, n, name, domain=wide)
+                        if family == "ring":  # the NIC flag and the node-crossing one
+                            node = self._crossing(a, c, n, f"node_{name}") if wide else flag
+                            ring_flags.setdefault((way, n), []).append((i, flag, node))
+                        elif not (_const(flag) and not flag):
                             by_index.setdefault(i, []).append(flag)
                     for i, flags in by_index.items():
-                        if family == "ring":
-                            ring_flags.setdefault((way, n), []).extend((i, f) for f in flags)
-                            continue
                         nbytes = d.act_bytes if family == "hop" else d.emb_bytes
                         lat = cl.inter_node_latency_s * (1 if family == "hop" else 2)
                         self._count_bound(
                             var_of(i), flags, nbytes * per_count, lat, n, way, family, i
                         )
         for (way, n), flags in ring_flags.items():
-            everything = [f for _, f in flags]
-            for s in {i for i, _ in flags}:
-                mine = [f for i, f in flags if i == s]
+            nic = [(i, f) for i, f, _ in flags if not (_const(f) and not f)]
+            everything = [f for _, f in nic]
+            for s in {i for i, _ in nic}:
+                mine = [f for i, f in nic if i == s]
                 coef = d.ring_bytes[s] * per_count
                 self._count_bound((xi.ring[s],), everything, coef, 0.0, n, way, "ring", s, mine)
-                for f in mine:  # the ring of stage s leaves a node: inter-node latency
+            for s, _, f in flags:  # the ring of stage s leaves a node: inter-node latency
+                if not (_const(f) and not f):
                     self._at_least(self.xvar[xi.cross[s]], f, f"ring_cross_{s}_{way}_{n}")
         self._lone_units_cross(set(shared))
 

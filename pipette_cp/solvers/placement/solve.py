@@ -1,8 +1,9 @@
 """Exact placement of a fixed layout and layer split (:func:`solve_placement`).
 
 Problem (docs/design.md, section 4, "Placement"): put every unit (the tp ranks of one
-stage of one DP replica) on a tp-aligned GPU block of one node, minimising the
-analytic iteration time of :class:`~pipette_cp.cost.evaluate.Evaluator`
+stage of one DP replica) on a slot, a tensor group of one node (of one NVLink
+domain when tp exceeds a node; :func:`~pipette_cp.solvers.placement.build.tensor_slots`),
+minimising the analytic iteration time of :class:`~pipette_cp.cost.evaluate.Evaluator`
 through its placement-dependent terms: every boundary's slowest activation and
 gradient hop (with the weight the 1F1B / interleaved schedule gives it), every
 stage's DP ring in replica order, NIC sharing among concurrent flows, the
@@ -38,7 +39,18 @@ order; when a node can hold two units of one stage, so that NCCL's two-level
 all-reduce (not in the master) may win, the analytic floor of both algorithms
 (:func:`~pipette_cp.solvers.placement.kelley.two_level_floor_x`): valid, looser.
 Mixed GPU types (compute classes not a ladder) and HSDP give no bound: ``bound`` and
-``gap`` are ``None`` and the status is at best ``feasible``.  ``status``:
+``gap`` are ``None`` and the status is at best ``feasible``.  So do slots that do not
+match every grouping of a node's GPUs into tensor groups
+(:func:`~pipette_cp.solvers.placement.build.tensor_slots`): where a node's links
+differ (the cube mesh, a failed NVLink) the slots are one cut of each node into
+groups, the best by ring bandwidth, and the master's proof covers that cut only,
+not placements on other groups, which may pair the GPUs of consecutive stages
+better.  Equal ring bandwidths of every cut would not make up for it (the links
+between groups still differ); the claim stands only where a symmetry of the node
+maps every cut onto the chosen one (:func:`~pipette_cp.cost.rings.partition_is_complete`:
+uniform nodes, one group per node, single-GPU groups), and it then holds against
+every placement on any tensor groups (ranks in GPU order), as the brute-force
+oracle's ``groups="any"`` enumerates them.  ``status``:
 ``optimal`` when the gap is at most
 :data:`~pipette_cp.solvers.placement.kelley.OPTIMALITY_GAP`, else ``feasible``;
 no placement at all raises :class:`~pipette_cp.errors.InfeasibleError`
@@ -298,7 +310,10 @@ def _hybrid_placement(
 
 def _finish(evaluator, plan, data, best, bound, plans, method, started) -> Plan:
     """Re-score with the final evaluator; keep the best of the result and the hints
-    (``bound`` None: not valid for that evaluator)."""
+    (``bound`` None: not valid for that evaluator, or only over slots that do not
+    match every grouping of the GPUs)."""
+    if not data.slots_complete:
+        bound = None  # a proof over one cut into tensor groups, not over all of them
     candidate = plan.model_copy(update={"placement": data.placement(best), "evaluation": None})
     scored = [(evaluator.iteration_time(candidate), 0, candidate)]
     for i, hint in enumerate(plans, start=1):

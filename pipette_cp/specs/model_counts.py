@@ -1,0 +1,113 @@
+"""Parameter counts of a :class:`~pipette_cp.specs.model.ModelSpec`, part by part.
+
+Every count is the number of weights Hugging Face's and Megatron-LM's modules of that
+architecture hold (``sum(p.numel())``): the ``ModelSpec`` properties of the same
+names call these functions.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipette_cp.specs.model import ModelSpec
+
+
+def norm(m: ModelSpec, width: int) -> int:
+    """One normalisation layer over ``width`` features: scale (and shift for LayerNorm)."""
+    return (2 if m.norm == "layernorm" else 1) * width
+
+
+def mlp(m: ModelSpec, width: int) -> int:
+    """An MLP of inner ``width``: 2 matrices for GeLU, 3 for SwiGLU (plus biases)."""
+    h = m.hidden_size
+    n_in = 2 if m.activation == "swiglu" else 1
+    biases = (n_in * width + h) if m.linear_bias else 0
+    return (n_in + 1) * h * width + biases
+
+
+def latent_attention(m: ModelSpec) -> int:
+    """Multi-head latent attention (DeepSeek-V2/V3; Megatron-Core MLASelfAttention).
+
+    Queries through q_a_proj (h x q_lora_rank), its norm and q_b_proj, or one q_proj
+    without q_lora_rank; keys and values through kv_a_proj_with_mqa (h x (kv_lora_rank +
+    the shared rope part)), its norm and kv_b_proj (kv_lora_rank x heads (nope + v));
+    o_proj (heads v x h).  No biases (ModelSpec refuses them with latent attention).
+    """
+    assert m.kv_lora_rank is not None and m.qk_rope_head_dim is not None
+    assert m.qk_nope_head_dim is not None and m.v_head_dim is not None
+    h, heads, rope = m.hidden_size, m.num_attention_heads, m.qk_rope_head_dim
+    q_out = heads * (m.qk_nope_head_dim + rope)
+    if m.q_lora_rank is None:
+        queries = h * q_out
+    else:
+        queries = h * m.q_lora_rank + norm(m, m.q_lora_rank) + m.q_lora_rank * q_out
+    latent = h * (m.kv_lora_rank + rope) + norm(m, m.kv_lora_rank)
+    keys_values = latent + m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
+    return queries + keys_values + heads * m.v_head_dim * h
+
+
+def attention(m: ModelSpec) -> int:
+    """One layer's attention: projections (and biases), q/k norms, attention sinks."""
+    if m.is_mla:
+        params = latent_attention(m)
+    else:
+        h = m.hidden_size
+        q_width = m.num_attention_heads * m.head_size
+        kv_width = m.kv_heads * m.head_size
+        params = h * q_width + 2 * h * kv_width + q_width * h
+        if m.linear_bias:
+            params += q_width + 2 * kv_width + h
+        elif m.qkv_bias:
+            params += q_width + 2 * kv_width
+        if m.qk_norm:
+            params += 2 * norm(m, m.head_size)
+    return params + (m.num_attention_heads if m.attention_sinks else 0)
+
+
+def block_norms(m: ModelSpec) -> int:
+    """The norms of one block: before attention and MLP (and after, with post_sublayer_norm)."""
+    return (4 if m.post_sublayer_norm else 2) * norm(m, m.hidden_size)
+
+
+def router(m: ModelSpec) -> int:
+    """The router of one MoE layer: h x experts (a bias with linear_bias, and the
+    load-balancing expert bias with moe_router_expert_bias)."""
+    experts = m.num_experts
+    biases = (experts if m.linear_bias else 0) + (experts if m.moe_router_expert_bias else 0)
+    return m.hidden_size * experts + biases
+
+
+def shared_experts(m: ModelSpec) -> int:
+    """The shared experts of one MoE layer, one MLP of their total width (and the gate)."""
+    if not m.num_shared_experts:
+        return 0
+    gate = m.hidden_size if m.shared_expert_gate else 0
+    return mlp(m, m.shared_expert_width) + gate
+
+
+def moe_mlp(m: ModelSpec, experts: int) -> int:
+    """One MoE layer's MLP with ``experts`` routed experts, the shared ones and the router."""
+    return experts * mlp(m, m.expert_width) + shared_experts(m) + router(m)
+
+
+def mtp_module(m: ModelSpec, block: int) -> int:
+    """One multi-token prediction module around a block of ``block`` parameters.
+
+    DeepSeek-V3's (Megatron-Core's MultiTokenPredictionLayer): the norms of the
+    embedding and of the hidden state (enorm, hnorm), the projection of both to h
+    (eh_proj, 2h x h, no bias), one transformer block and its final norm; the
+    embedding and the output head are the main model's.
+    """
+    h = m.hidden_size
+    return 3 * norm(m, h) + 2 * h * h + block
+
+
+def total(m: ModelSpec, *, active: bool) -> int:
+    """Every parameter, or (``active``) those one token uses: the top-k routed experts
+    of each MoE layer instead of all of them."""
+    moe_block = m.moe_layer_active_params if active else m.moe_layer_params
+    dense_block = m.dense_layer_params
+    layers = m.num_dense_layers * dense_block + m.num_moe_layers * moe_block
+    mtp = m.mtp_layers * mtp_module(m, moe_block if m.is_moe else dense_block)
+    return layers + m.embedding_params + norm(m, m.hidden_size) + m.output_params + mtp
