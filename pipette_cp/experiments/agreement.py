@@ -29,7 +29,7 @@ from pipette_cp.cost.evaluate import Evaluator, num_micro_batches, placement_arr
 from pipette_cp.cost.layout_check import flow_template
 from pipette_cp.errors import InfeasibleError, LayoutError
 from pipette_cp.io.instance_file import list_instances, load_instance
-from pipette_cp.specs import Instance, Plan
+from pipette_cp.specs import Instance, Plan, Recompute
 from pipette_cp.specs.layouts import even_split, make_plan
 from pipette_cp.specs.selection import gpu_totals
 
@@ -131,7 +131,8 @@ def default_layout(instance: Instance, evaluator: Evaluator | None = None, min_p
     tps = [t for t in (8, 4, 2, 1) if not (model.num_attention_heads % t or model.kv_heads % t)]
     tps = [t for t in tps if cluster.gpus_per_node % t == 0]
     totals = gpu_totals(cluster, instance.search_space)  # every GPU first, then nodes idle
-    for n, recompute, tp in product(totals, ("none", "selective", "full"), tps):
+    recomputes: tuple[Recompute, ...] = ("none", "selective", "full")
+    for n, recompute, tp in product(totals, recomputes, tps):
         if n % tp == 0:
             for pp in _divisors(n // tp):
                 dp = n // (tp * pp)
