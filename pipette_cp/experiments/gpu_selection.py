@@ -296,7 +296,7 @@ def _tiny(nodes: int, gpus: int, seed: int) -> Instance:
     )  # fmt: skip
     model = ModelSpec(name="small-gpt", num_layers=8, hidden_size=1024, num_attention_heads=16,
                       ffn_hidden_size=4096, vocab_size=32000, max_seq_length=1024)  # fmt: skip
-    training = TrainingSpec(global_batch_size=16, seq_length=1024)
+    training = TrainingSpec(global_batch_size=48, seq_length=1024)  # dp 1, 2, 3 or 4
     return Instance(name="tiny", model=model, cluster=cluster, training=training,
                     search_space=SearchSpace(use_all_gpus=False))  # fmt: skip
 

@@ -35,12 +35,13 @@ from pipette_cp.specs.training import GRADIENT_SHARDING
 from pipette_cp.units import BYTES_PER_ELEMENT
 
 
-def tensor_slots(instance: Instance, tp: int) -> tuple[np.ndarray, bool]:
+def tensor_slots(instance: Instance, tp: int, aligned: bool = False) -> tuple[np.ndarray, bool]:
     """The slots of ``tp``-GPU units, (count, tp) GPU ids by node, each slot ascending,
     and whether they are *complete*: every placement of units on any tp GPUs of one
     node (of one NVLink domain, beyond a node) has a twin on these slots with the
     same links (:func:`~pipette_cp.cost.rings.partition_is_complete`), so that what
-    is proven over the slots holds over every grouping.
+    is proven over the slots holds over every grouping.  ``aligned``: the tp-aligned
+    blocks even where a node's links are not uniform (complete only if they are).
 
     Raises :class:`LayoutError` when ``tp`` neither divides ``gpus_per_node`` nor is
     a multiple of it dividing the GPUs of an NVLink domain."""
@@ -67,8 +68,8 @@ def tensor_slots(instance: Instance, tp: int) -> tuple[np.ndarray, bool]:
             for d in range(c.num_domains)
         )  # fmt: skip
         return slots, complete
-    if node_uniform(instance):
-        return np.arange(c.num_gpus).reshape(-1, tp), True
+    if node_uniform(instance) or aligned:
+        return np.arange(c.num_gpus).reshape(-1, tp), tp == 1 or node_uniform(instance)
     cuts, complete = [], True
     for n in range(c.num_nodes):
         gpus = np.arange(n * g, (n + 1) * g)
@@ -92,7 +93,11 @@ def node_uniform(instance: Instance) -> bool:
 
 
 def build_placement_data(
-    instance: Instance, plan: Plan, evaluator: Evaluator | None = None, constraints: tuple = ()
+    instance: Instance,
+    plan: Plan,
+    evaluator: Evaluator | None = None,
+    constraints: tuple = (),
+    aligned: bool = False,
 ) -> PlacementData:
     """Slots, places, pair costs and compute classes of ``plan``'s degrees and split.
 
@@ -104,7 +109,7 @@ def build_placement_data(
     """
     c, tp, pp, dp = instance.cluster, plan.tp, plan.pp, plan.dp
     ev = evaluator or Evaluator(instance, dp_algorithm="ring", validate=False)
-    slots, complete = tensor_slots(instance, tp)
+    slots, complete = tensor_slots(instance, tp, aligned)
     if pp * dp > len(slots):
         raise LayoutError(
             "plan.dp*pp", pp * dp, f"{pp * dp} units of tp={tp} but only {len(slots)} slots"

@@ -74,7 +74,7 @@ from pipette_cp.errors import InfeasibleError, PipetteError, SolverTimeoutError
 from pipette_cp.solvers.extensions import family_violations
 from pipette_cp.solvers.options import SolveOptions
 from pipette_cp.solvers.placement.backend import Backend
-from pipette_cp.solvers.placement.build import build_placement_data
+from pipette_cp.solvers.placement.build import build_placement_data, node_uniform
 from pipette_cp.solvers.placement.cpsat import CpSatBackend
 from pipette_cp.solvers.placement.data import PlacementData
 from pipette_cp.solvers.placement.kelley import (
@@ -215,12 +215,16 @@ def solve_placement(
     backend: str = "cpsat",
     dp_algorithm: comm.Algorithm = "best",
     seeder: Seeder | None = None,
+    aligned: bool | None = None,
 ) -> Plan:
     """The best placement of ``plan``'s degrees and split found within the time limit.
 
     ``dp_algorithm`` is the final scorer's (``Evaluator(instance, dp_algorithm=...)``);
     with ``"ring"`` the master is exact and its bound always valid.  ``seeder`` gives
-    the warm starts (default :class:`PlainSeeder`).
+    the warm starts (default :class:`PlainSeeder`).  ``aligned``: slots on the
+    tp-aligned blocks (True) or on each node's best cut into tensor groups (False);
+    None, where a node's links are not uniform, solves both in half the time each and
+    keeps the faster, so the chosen groups never lose to the aligned blocks.
 
     Raises
     ------
@@ -231,12 +235,26 @@ def solve_placement(
     SolverTimeoutError
         No placement found within the time limit (the master never answered).
     """
+    cut_differs = 1 < plan.tp <= instance.cluster.gpus_per_node and not node_uniform(instance)
+    if aligned is None and cut_differs and not plan.hybrid:
+        half = replace(options, time_limit_s=options.time_limit_s / 2)
+        found: list[tuple[float, int, Plan]] = []
+        for choice in (False, True):
+            with contextlib.suppress(PipetteError):
+                placed = solve_placement(instance, plan, half, backend, dp_algorithm, seeder,
+                                         aligned=choice)  # fmt: skip
+                info = placed.solve_info
+                found.append((info.objective if info and info.objective else 0.0, choice, placed))
+        if not found:  # neither: the error of the best cut again
+            return solve_placement(instance, plan, half, backend, dp_algorithm, seeder, False)
+        return min(found, key=lambda item: item[:2])[2]
     started = time.perf_counter()
     if plan.hybrid:
         return _hybrid_placement(instance, plan, options, backend, dp_algorithm, seeder, started)
     # keep a little of the budget for re-scoring the result and the hints
     deadline = started + options.time_limit_s - min(FINISH_RESERVE_S, 0.05 * options.time_limit_s)
-    data = build_placement_data(instance, plan, constraints=options.constraints)
+    data = build_placement_data(instance, plan, constraints=options.constraints,
+                                aligned=bool(aligned))  # fmt: skip
     if not data.allowed.any(axis=1).all():
         raise InfeasibleError("some pipeline stage fits on no GPU type of the cluster (memory)")
     exact = master_size(data) <= (
