@@ -32,6 +32,20 @@ def num_micro_batches(instance: Instance, plan: Plan) -> int:
     return instance.training.global_batch_size // (plan.dp * plan.micro_batch_size)
 
 
+def _unpriced(model: Any) -> list[tuple[str, object, str]]:
+    """Architecture features the model files describe but the time model does not price."""
+    found = []
+    if model.kv_lora_rank is not None:
+        found.append(("kv_lora_rank", model.kv_lora_rank, "multi-head latent attention (MLA)"))
+    if model.sliding_window is not None:
+        found.append(("sliding_window", model.sliding_window, "sliding-window attention"))
+    if model.attention_sinks:
+        found.append(("attention_sinks", True, "attention sinks"))
+    if model.mtp_layers:
+        found.append(("mtp_layers", model.mtp_layers, "multi-token prediction"))
+    return found
+
+
 def check_knobs(instance: Instance, plan: Plan) -> None:
     """Raise :class:`LayoutError` for the first failing check that ignores the placement.
 
@@ -49,6 +63,8 @@ def check_knobs(instance: Instance, plan: Plan) -> None:
     if model.is_moe:
         raise LayoutError("model.num_experts", model.num_experts,
                           f"num_experts={model.num_experts}: mixture-of-experts models are not modelled")  # fmt: skip
+    for field, value, what in _unpriced(model):
+        raise LayoutError(f"model.{field}", value, f"{what} is not in the cost model yet")
     if tp > g:
         _check_wide_tp(cluster, tp)
     if heads % tp:

@@ -89,6 +89,8 @@ def model_flags(instance: Instance) -> list[Flag]:
         flags.append(("--disable-bias-linear", None))
         if m.qkv_bias:
             flags.append(("--add-qkv-bias", None))
+    if m.qk_norm:  # RMSNorm on queries and keys (Qwen3)
+        flags.append(("--qk-layernorm", None))
     if not m.tied_embeddings:
         flags.append(("--untie-embeddings-and-output-weights", None))
     attention, hidden = dropouts(instance)
