@@ -27,6 +27,10 @@ from pipette_cp.solvers.placement.model import PlacementModel
 #: Relative gap under which a placement counts as optimal (the master works in
 #: 1 ns quanta, so closer is rounding noise).
 OPTIMALITY_GAP = 1e-6
+#: Slopes this close to a grid point of :data:`CUT_GRID` (in grid units) are that point:
+#: finite differences carry ~1e-9 s/s of rounding, and rounding a slope up costs the
+#: cut only the raise times the input's largest value over all placements.
+SNAP_WINDOW = 1e-2
 #: Recorded solutions of a master solve that also get a cut.
 MORE_CUTS = 8
 #: Largest number of places for which the ring connectivity bound is computed.
@@ -41,12 +45,16 @@ class CutPool:
     upper_s: float
     cuts: list[tuple[float, np.ndarray]] = field(default_factory=list)
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+    _worst: np.ndarray | None = field(default=None, repr=False)
 
     def add_at(self, x: np.ndarray) -> tuple[float, np.ndarray]:
         """Add (and return) the snapped supporting cut of ``f`` at ``x``."""
         cut = supporting_cut(self.data.total_time_s, x, rng=self.rng)
         intercept, g = cut.intercept, cut.gradient.copy()
-        ub = np.full(g.shape, 2.0 * self.upper_s)  # time inputs of any improving plan
+        if self._worst is None:  # inputs no placement exceeds
+            self._worst = worst_x(self.data)
+        # time inputs of any placement (and of any improving plan)
+        ub = np.minimum(np.full(g.shape, 2.0 * self.upper_s), np.maximum(self._worst, x))
         booleans = self.data.xi.booleans
         ub[booleans] = 1.0
         # f is non-decreasing: a negative gradient is finite-difference noise
@@ -57,8 +65,8 @@ class CutPool:
         scaled = g[timed] * CUT_GRID
         near = np.round(scaled)
         # a slope within rounding of a grid point is that point (rounded up: paid for
-        # below, over every improving plan's inputs); else the grid point under it
-        close = np.abs(scaled - near) < 1e-4
+        # below, over every placement's inputs); else the grid point under it
+        close = np.abs(scaled - near) < SNAP_WINDOW
         snapped = np.where(close, near, np.floor(scaled)) / CUT_GRID
         raise_by = np.maximum(snapped - g[timed], 0.0)
         intercept -= float(raise_by @ ub[timed])  # stays below f wherever x <= ub
