@@ -31,14 +31,29 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipette_cp.clusters.expand import cluster_from_node_matrix
 from pipette_cp.clusters.generators import generate
+from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.errors import PipetteError
 from pipette_cp.io.cluster_file import write_cluster_file
 from pipette_cp.io.instance_file import load_instance
+from pipette_cp.io.model_file import load_model
 from pipette_cp.io.paths import INSTANCES_DIR
 from pipette_cp.search.loop import SearchResult, default_time_limit_s, search
 from pipette_cp.search.selection import idle_nodes
-from pipette_cp.specs import ClusterSpec, Instance, Plan
+from pipette_cp.solvers import SolveOptions, get_method
+from pipette_cp.solvers.methods import exact_placement
+from pipette_cp.solvers.placement.oracle import brute_force_placement
+from pipette_cp.specs import (
+    ClusterSpec,
+    Instance,
+    ModelSpec,
+    Plan,
+    SearchSpace,
+    TrainingSpec,
+    resolve_gpu,
+)
+from pipette_cp.specs.layouts import make_plan
 
 #: The 17-node case.
 SEVENTEEN = "llama-3.1-8b-real00-136"
@@ -191,15 +206,40 @@ ORACLE_SHAPES = (
 )  # fmt: skip
 
 
+@dataclass
+class _Claims:
+    """Both exact placements' claims and bounds against one oracle optimum per layout."""
+
+    cases: int = 0
+    claims: int = 0
+    matched: int = 0
+    bounds: int = 0
+    valid: int = 0
+    faster: int = 0  # solves faster than the best aligned placement
+
+    def check(self, instance: Instance, plan: Plan, best: float, aligned: float) -> None:
+        self.cases += 1
+        for backend in ("cpsat", "milp"):
+            info = exact_placement(instance, plan, SolveOptions(time_limit_s=10),
+                                   backend=backend).solve_info  # fmt: skip
+            assert info is not None and info.objective is not None
+            self.faster += info.objective < aligned * (1 - 1e-9)
+            if info.status == "optimal":
+                self.claims += 1
+                self.matched += abs(info.objective - best) <= 1e-6 * best
+            if info.bound is not None:
+                self.bounds += 1
+                self.valid += info.bound <= best * (1 + 1e-9)
+
+    def text(self) -> str:
+        return (f"x 2 methods: optimal claims matching the oracle {self.matched}/{self.claims}; "
+                f"bounds below it {self.valid}/{self.bounds}")  # fmt: skip
+
+
 def oracle_claims(seeds: int = 4) -> None:
     """Every claim of both exact methods against brute force over every placement."""
-    from pipette_cp.solvers.methods import exact_placement
-    from pipette_cp.solvers.options import SolveOptions
-    from pipette_cp.solvers.placement.oracle import brute_force_placement
-    from pipette_cp.specs.layouts import make_plan
-
     print("\n## 4. claims against the brute-force oracle (tiny degraded clusters)")
-    cases = claims = matched = bounds = valid = subsets = 0
+    tally, subsets = _Claims(), 0
     for nodes, gpus, dp, pp, tp in ORACLE_SHAPES:
         for seed in range(seeds):
             instance = _tiny(nodes, gpus, seed)
@@ -208,20 +248,9 @@ def oracle_claims(seeds: int = 4) -> None:
                 _, best = brute_force_placement(instance, plan)
             except PipetteError:
                 continue  # every placement crosses a failed link
-            cases += 1
             subsets += dp * pp * tp < nodes * gpus
-            for backend in ("cpsat", "milp"):
-                info = exact_placement(instance, plan, SolveOptions(time_limit_s=10),
-                                       backend=backend).solve_info  # fmt: skip
-                assert info is not None and info.objective is not None
-                if info.status == "optimal":
-                    claims += 1
-                    matched += abs(info.objective - best) <= 1e-6 * best
-                if info.bound is not None:
-                    bounds += 1
-                    valid += info.bound <= best * (1 + 1e-9)
-    print(f"{cases} layouts ({subsets} leave GPUs idle) x 2 methods: optimal claims matching "
-          f"the oracle {matched}/{claims}; bounds below it {valid}/{bounds}")  # fmt: skip
+            tally.check(instance, plan, best, best)
+    print(f"{tally.cases} layouts ({subsets} leave GPUs idle) {tally.text()}")
     _unaligned_claims()
 
 
@@ -233,55 +262,35 @@ UNALIGNED = (("gpt3-350m", 1, 2, 2), ("gpt3-350m", 2, 1, 2), ("gpt3-350m", 1, 2,
 
 def _unaligned_claims() -> None:
     """Claims and bounds against the oracle over any tensor groups (not only aligned)."""
-    from pipette_cp.io.model_file import load_model
-    from pipette_cp.solvers.methods import exact_placement
-    from pipette_cp.solvers.options import SolveOptions
-    from pipette_cp.solvers.placement.oracle import brute_force_placement
-    from pipette_cp.specs import TrainingSpec
-    from pipette_cp.specs.layouts import make_plan
-
-    cases = claims = matched = bounds = valid = faster = 0
     cube = generate("v100-cube", nodes=2, seed=0)
+    training = TrainingSpec(global_batch_size=64, seq_length=2048, precision="fp16",
+                            flash_attention_available=False)  # fmt: skip
     runs: list[tuple[Instance, Plan]] = []
     for name, dp, pp, tp in UNALIGNED:
         model = load_model(name)
-        training = TrainingSpec(global_batch_size=64, seq_length=2048, precision="fp16",
-                                flash_attention_available=False)  # fmt: skip
         instance = Instance(name="cube", model=model, cluster=cube, training=training)
         runs.append((instance, make_plan(num_layers=model.num_layers, dp=dp, pp=pp, tp=tp,
                                          micro_batch_size=1)))  # fmt: skip
     for nodes, gpus, dp, pp, tp in ORACLE_SHAPES[:6]:
         runs.append((_tiny(nodes, gpus, 0), make_plan(num_layers=8, dp=dp, pp=pp, tp=tp,
                                                       micro_batch_size=1)))  # fmt: skip
+    tally = _Claims()
     for instance, plan in runs:
         try:
             _, best = brute_force_placement(instance, plan, groups="any")
             _, aligned = brute_force_placement(instance, plan)
         except PipetteError:
             continue
-        cases += 1
-        for backend in ("cpsat", "milp"):
-            info = exact_placement(instance, plan, SolveOptions(time_limit_s=10),
-                                   backend=backend).solve_info  # fmt: skip
-            assert info is not None and info.objective is not None
-            faster += info.objective < aligned * (1 - 1e-9)
-            if info.status == "optimal":
-                claims += 1
-                matched += abs(info.objective - best) <= 1e-6 * best
-            if info.bound is not None:
-                bounds += 1
-                valid += info.bound <= best * (1 + 1e-9)
-    print(f"{cases} layouts, oracle over any tensor groups, x 2 methods: optimal claims "
-          f"matching {matched}/{claims}; bounds below it {valid}/{bounds}; "
-          f"{faster} solves beat the best aligned placement")  # fmt: skip
+        tally.check(instance, plan, best, aligned)
+    print(
+        f"{tally.cases} layouts, oracle over any tensor groups, {tally.text()}; "
+        f"{tally.faster} solves beat the best aligned placement"
+    )
 
 
 def _tiny(nodes: int, gpus: int, seed: int) -> Instance:
     """A small GPT on ``nodes`` x ``gpus`` A100s: lognormal links, some at 0.6 x, some
     failed (a node kept reachable), every total allowed."""
-    from pipette_cp.clusters.expand import cluster_from_node_matrix
-    from pipette_cp.specs import ModelSpec, SearchSpace, TrainingSpec, resolve_gpu
-
     rng = np.random.default_rng(seed)
     while True:
         m = 20e9 * rng.lognormal(0.0, 0.1, (nodes, nodes))
@@ -308,12 +317,6 @@ DEGRADED_LAYOUTS = ((20, 4, 2), (10, 4, 4), (40, 2, 2), (5, 4, 8))
 def exact_vs_greedy(limit_s: float = 10.0) -> None:
     """The exact methods against greedy on the same skeleton, scored by one Evaluator:
     the exact ones start from the greedy plan among their hints, so never worse."""
-    from pipette_cp.cost.evaluate import Evaluator
-    from pipette_cp.io.model_file import load_model
-    from pipette_cp.solvers import SolveOptions, get_method
-    from pipette_cp.specs import SearchSpace, TrainingSpec
-    from pipette_cp.specs.layouts import make_plan
-
     print(f"\n## 5. per layout on degraded 20-node (160-GPU) clusters, {limit_s:g} s each")
     model = load_model("llama-2-7b")
     worst = 0.0

@@ -18,10 +18,9 @@ from pipette_cp.specs.layouts import even_split
 RERANKED = 8
 
 
-def _time_then_exact(plan: Plan) -> tuple[float, bool]:
-    """Sort key: time, then a solver's plan (with its status and gap) before a tied
-    heuristic one."""
-    return plan_time(plan), plan.solve_info is None or plan.solve_info.status == "heuristic"
+def _heuristic(plan: Plan) -> bool:
+    """Tie-break: a solver's plan (with its status and gap) before a tied heuristic one."""
+    return plan.solve_info is None or plan.solve_info.status == "heuristic"
 
 
 def plan_time(plan: Plan) -> float:
@@ -51,7 +50,7 @@ def rerank(
         return plan_time(plan) * weight(plan)
 
     by_layout: dict[str, list[Plan]] = {}
-    for plan in sorted(plans, key=lambda p: (cost(p), _time_then_exact(p)[1])):
+    for plan in sorted(plans, key=lambda p: (cost(p), _heuristic(p))):
         by_layout.setdefault(plan.layout(), []).append(plan)
     layouts = list(by_layout.values())[: max(top_k, RERANKED)]
     ranked = []
