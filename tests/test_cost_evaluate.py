@@ -276,7 +276,9 @@ CATALOGUE = [
     ("GPU out of range", GPT, {"dp": 4, "pp": 4, "tp": 2, "placement": ((0, 99), *((g, g + 1) for g in range(2, 32, 2)))}, "plan.placement[0]", ["99", "0..31"]),
     ("GPU used twice", GPT, {"dp": 4, "pp": 4, "tp": 2, "placement": ((0, 1), (0, 1), *((g, g + 1) for g in range(4, 32, 2)))}, "plan.placement", ["GPU 0", "units 0 and 1"]),
     ("unit spans nodes", GPT, {"dp": 4, "pp": 4, "tp": 2, "placement": UNIT_SPANS}, "plan.placement[0]", ["tp=2", "nodes [0, 1]"]),
-    ("MoE", MOE, {"dp": 4, "pp": 4, "tp": 2}, "model.num_experts", ["num_experts=8"]),
+    ("MoE with tp but no sequence parallelism", MOE, {"dp": 4, "pp": 4, "tp": 2}, "plan.sequence_parallel", ["tp=2"]),
+    ("ep not dividing the experts", MOE, {"dp": 4, "pp": 4, "tp": 2, "ep": 3, "sequence_parallel": True}, "plan.ep", ["ep=3", "num_experts=8"]),
+    ("ep on a dense model", GPT, {"dp": 4, "pp": 4, "tp": 2, "ep": 2}, "plan.ep", ["ep=2"]),
 ]  # fmt: skip
 
 

@@ -201,7 +201,8 @@ def test_every_field_has_a_description_and_a_schema(spec: type) -> None:
 
 _UNIT_WORDS = {"bytes", "s", "tflops", "flops", "fraction"}
 _UNITLESS = {"mfu", "hfu", "gap", "objective", "bound", "norm_epsilon",
-             "moe_router_aux_loss_coeff", "moe_z_loss_coeff", "moe_capacity_factor"}  # fmt: skip
+             "moe_router_aux_loss_coeff", "moe_z_loss_coeff", "moe_capacity_factor",
+             "moe_load_imbalance"}  # fmt: skip
 
 
 @pytest.mark.parametrize("spec", SCHEMA_SPECS, ids=lambda s: s.__name__)

@@ -83,7 +83,7 @@ def check_tp_within_node(instance: Instance, plan: Plan) -> list[Violation]:
     for u, unit in enumerate(plan.placement):
         domains = {cluster.domain_of(g) for g in unit if 0 <= g < cluster.num_gpus}
         if len(domains) > 1:
-            stage, replica = divmod(u, plan.dp)
+            stage, replica = divmod(u, plan.replicas)
             where = "nodes" if cluster.nodes_per_nvlink_domain == 1 else "NVLink domains"
             spanned = sorted(domains)
             found.append(
@@ -103,16 +103,18 @@ def communication_pairs(
     pp: tp rank t of stage s to tp rank t of stage s+1 of the same replica, both
     directions (activations forward, gradients back); with interleaving the last
     stage also feeds stage 0 (next model chunk).  dp: the ring of each stage and
-    tp rank over the replicas in replica order, both directions.  tp: the links
+    tp rank over the replicas (dp x cp of them) in replica order, both directions.  tp: the links
     ``u -> next(u)`` of the ring inside each unit, in rank order or, given the GPU x
     GPU ``bandwidth``, in the order NCCL picks (:func:`~pipette_cp.cost.rings.best_ring`:
     the ring the Evaluator charges).  embedding: first and last stage of a replica
-    (tied embeddings, pp > 1)."""
+    (tied embeddings, pp > 1).  cp and ep: see :func:`_group_pairs`."""
     pairs: dict[str, set[tuple[int, int]]] = {
         "pp": set(),
         "dp": set(),
         "tp": set(),
         "embedding": set(),
+        "cp": set(),
+        "ep": set(),
     }
 
     def both(kind: str, a: int, b: int) -> None:
@@ -122,7 +124,7 @@ def communication_pairs(
     hops = [(s, s + 1) for s in range(plan.pp - 1)]
     if plan.vpp > 1 and plan.pp > 1:
         hops.append((plan.pp - 1, 0))
-    for d in range(plan.dp):
+    for d in range(plan.replicas):
         for s, nxt in hops:
             for a, b in zip(plan.unit_gpus(s, d), plan.unit_gpus(nxt, d), strict=True):
                 both("pp", a, b)
@@ -131,12 +133,39 @@ def communication_pairs(
                 both("embedding", a, b)
     for s in range(plan.pp):
         for t in range(plan.tp):
-            ring = [plan.unit_gpus(s, d)[t] for d in range(plan.dp)]
+            ring = [plan.unit_gpus(s, d)[t] for d in range(plan.replicas)]
             for i, a in enumerate(ring):
                 both("dp", a, ring[(i + 1) % len(ring)])
     for unit in plan.placement:
         pairs["tp"].update((a, b) for a, b in ring_links(_tp_ring(unit, bandwidth)) if a != b)
+    _group_pairs(plan, pairs)
     return pairs
+
+
+def _group_pairs(plan: Plan, pairs: dict[str, set[tuple[int, int]]]) -> None:
+    """cp: the ring over the context-parallel ranks of each (stage, dp rank, tp rank);
+    ep: every pair of an expert-parallel group.  Both from Megatron's rank formulas:
+    stage-local rank ``t + tp (c + cp d)`` (dense), ``e_t + etp (e + ep e_d)`` (experts)."""
+    tp, cp, ep, etp = plan.tp, plan.cp, plan.ep, plan.expert_tp
+    for s in range(plan.pp):
+        local = [g for r in range(plan.replicas) for g in plan.unit_gpus(s, r)]
+        if cp > 1:
+            for d in range(plan.dp):
+                for t in range(tp):
+                    ring = [local[t + tp * (c + cp * d)] for c in range(cp)]
+                    pairs["cp"].update(
+                        (a, ring[(i + 1) % cp])
+                        for i, a in enumerate(ring)
+                        if a != ring[(i + 1) % cp]
+                    )
+        if ep > 1 and len(local) % (ep * etp) == 0:
+            groups: dict[tuple[int, int], list[int]] = {}
+            for rank, gpu in enumerate(local):
+                e_d, rest = divmod(rank, ep * etp)
+                e_t = rest % etp  # the expert-parallel rank (rest // etp) varies in a group
+                groups.setdefault((e_t, e_d), []).append(gpu)
+            for members in groups.values():
+                pairs["ep"].update((a, b) for a in members for b in members if a != b)
 
 
 def _tp_ring(unit: tuple[int, ...], bandwidth: np.ndarray | None) -> tuple[int, ...]:
@@ -183,7 +212,10 @@ def check_memory_limit(instance: Instance, plan: Plan) -> list[Violation]:
     found = []
     for stage, breakdown in enumerate(memory_by_stage(instance.model, instance.training, plan)):
         gpus = [
-            g for d in range(plan.dp) for g in plan.unit_gpus(stage, d) if 0 <= g < cluster.num_gpus
+            g
+            for d in range(plan.replicas)
+            for g in plan.unit_gpus(stage, d)
+            if 0 <= g < cluster.num_gpus
         ]
         types = {cluster.gpu_of_node(cluster.node_of(g)) for g in gpus}
         smallest = min(types, key=usable_memory_bytes)

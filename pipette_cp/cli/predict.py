@@ -75,9 +75,14 @@ def predict(
     pp: Annotated[int, typer.Option("--pp", help="Pipeline-parallel size.")] = 1,
     mb: Annotated[int, typer.Option("--mb", help="Micro-batch size (sequences).")] = 1,
     dp: Annotated[
-        int | None, typer.Option("--dp", help="Data-parallel size [default: GPUs/(tp*pp)].")
+        int | None, typer.Option("--dp", help="Data-parallel size [default: GPUs/(tp*pp*cp)].")
     ] = None,
     vpp: Annotated[int, typer.Option("--vpp", help="Model chunks per stage (interleaving).")] = 1,
+    cp: Annotated[int, typer.Option("--cp", help="Context-parallel size.")] = 1,
+    ep: Annotated[int, typer.Option("--ep", help="Expert-parallel size (MoE models).")] = 1,
+    etp: Annotated[
+        int | None, typer.Option("--etp", help="Expert tensor-parallel size [default: tp].")
+    ] = None,
     sp: Annotated[bool, typer.Option("--sp/--no-sp", help="Sequence parallelism.")] = False,
     recompute: Annotated[
         RecomputeChoice, typer.Option(help="Activation recomputation.")
@@ -128,29 +133,34 @@ def predict(
     inst = resolve_instance(instance, replace)
     gpus = inst.cluster.num_gpus
     given = 1 if dp is None else dp  # checked before dividing by tp * pp
-    for name, value in (("--tp", tp), ("--pp", pp), ("--mb", mb), ("--dp", given), ("--vpp", vpp)):
+    sizes = (("--tp", tp), ("--pp", pp), ("--mb", mb), ("--dp", given), ("--vpp", vpp),
+             ("--cp", cp), ("--ep", ep), ("--etp", 1 if etp is None else etp))  # fmt: skip
+    for name, value in sizes:
         if value <= 0:
             raise LayoutError(name, value, "must be a positive integer")
+    with_cp = ("*--cp", f" x cp={cp}") if cp > 1 else ("", "")
     if dp is None:
-        if gpus % (tp * pp):
-            raise LayoutError(
-                "--tp*--pp", tp * pp, f"must divide the {gpus} GPUs of the cluster (or give --dp)"
-            )
-        dp = gpus // (tp * pp)
-    if dp * pp * tp > gpus:  # before building a placement of that many units
-        raise LayoutError("--dp*--pp*--tp", dp * pp * tp,
-                          f"dp={dp} x pp={pp} x tp={tp} = {dp * pp * tp} GPUs, but the cluster has {gpus} GPUs")  # fmt: skip
+        if gpus % (tp * pp * cp):
+            raise LayoutError(f"--tp*--pp{with_cp[0]}", tp * pp * cp,
+                              f"must divide the {gpus} GPUs of the cluster (or give --dp)")  # fmt: skip
+        dp = gpus // (tp * pp * cp)
+    if (used := dp * pp * tp * cp) > gpus:  # before building a placement of that many units
+        raise LayoutError(f"--dp*--pp*--tp{with_cp[0]}", used,
+                          f"dp={dp} x pp={pp} x tp={tp}{with_cp[1]} = {used} GPUs, but the cluster has {gpus} GPUs")  # fmt: skip
     if pp * vpp > (layers := inst.model.num_layers):
         raise LayoutError("--pp*--vpp", pp * vpp,
                           f"pp={pp} x vpp={vpp} model chunks, but the model has {layers} layers")  # fmt: skip
     placed = None
     if placement != "default":
         source = read_plan(Path(placement))
-        if (source.dp, source.pp, source.tp) != (dp, pp, tp):
+        if (source.dp, source.pp, source.tp, source.cp) != (dp, pp, tp, cp):
             raise LayoutError(
                 "--placement",
                 placement,
-                f"holds dp={source.dp} pp={source.pp} tp={source.tp}, not dp={dp} pp={pp} tp={tp}",
+                f"holds dp={source.dp} pp={source.pp} tp={source.tp}"
+                + (f" cp={source.cp}" if max(source.cp, cp) > 1 else "")
+                + f", not dp={dp} pp={pp} tp={tp}"
+                + (f" cp={cp}" if max(source.cp, cp) > 1 else ""),
             )
         placed = source.placement
     try:  # a --split of the wrong length or with a negative count
@@ -159,6 +169,9 @@ def predict(
             dp=dp,
             pp=pp,
             tp=tp,
+            cp=cp,
+            ep=ep,
+            etp=etp,
             micro_batch_size=mb,
             vpp=vpp,
             sequence_parallel=sp,

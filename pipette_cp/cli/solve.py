@@ -71,6 +71,11 @@ def solve(
     tp: Annotated[str | None, typer.Option("--tp", help="Allowed tp sizes, e.g. 2,4,8.")] = None,
     pp: Annotated[str | None, typer.Option("--pp", help="Allowed pp sizes.")] = None,
     dp: Annotated[str | None, typer.Option("--dp", help="Allowed dp sizes.")] = None,
+    cp: Annotated[str | None, typer.Option("--cp", help="Allowed context-parallel sizes.")] = None,
+    ep: Annotated[str | None, typer.Option("--ep", help="Allowed expert-parallel sizes.")] = None,
+    etp: Annotated[
+        str | None, typer.Option("--etp", help="Allowed expert tensor-parallel sizes.")
+    ] = None,
     mb: Annotated[str | None, typer.Option("--mb", help="Allowed micro-batch sizes.")] = None,
     vpp: Annotated[
         str | None, typer.Option("--vpp", help="Allowed model chunks per stage.")
@@ -140,6 +145,7 @@ def solve(
     space = _override(
         inst.search_space,
         tp=_ints("--tp", tp), pp=_ints("--pp", pp), dp=_ints("--dp", dp),
+        cp=_ints("--cp", cp), ep=_ints("--ep", ep), etp=_ints("--etp", etp),
         micro_batch_size=_ints("--mb", mb), vpp=_ints("--vpp", vpp),
         dp_sharding=None if dp_sharding is None else tuple(dp_sharding.split(",")),
         dp_shard_size=_ints("--dp-shard-size", dp_shard_size),

@@ -20,6 +20,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from pipette_cp.cost import comm
+from pipette_cp.cost.alltoall import GroupFlows, cp_ring_bandwidths, group_flows
 from pipette_cp.cost.compute import chunk_times, layer_times, optimizer_step_time_s
 from pipette_cp.cost.dp_collectives import (
     exposed_per_layer,
@@ -28,6 +29,7 @@ from pipette_cp.cost.dp_collectives import (
     per_layer_collectives,
     step_collectives,
 )
+from pipette_cp.cost.evaluate_groups import GroupCosts, expert_rings_apart
 from pipette_cp.cost.flops import hardware_flops_per_iteration, model_flops_per_iteration
 from pipette_cp.cost.layout_check import (
     FlowTemplate,
@@ -44,6 +46,7 @@ from pipette_cp.cost.memory import (
     stage_params_per_gpu,
     usable_memory_bytes,
 )
+from pipette_cp.cost.moe import unit_tokens
 from pipette_cp.cost.pipeline import PipelineInputs, finish_iteration, pipeline_times
 from pipette_cp.cost.rings import group_bandwidths
 from pipette_cp.cost.simulator import Timeline, simulate_pipeline
@@ -64,7 +67,9 @@ __all__ = [
 Predictor = Literal["analytic", "simulator"]
 
 #: Keys of ``Evaluation.breakdown_s``; they sum to the iteration time.
-BREAKDOWN_KEYS = ("compute", "bubble", "pp_comm", "dp_comm", "tp_comm", "optimizer")
+BREAKDOWN_KEYS = (
+    "compute", "bubble", "pp_comm", "dp_comm", "tp_comm", "cp_comm", "ep_comm", "optimizer",
+)  # fmt: skip
 
 
 # ------------------------------------------------------------------ evaluation
@@ -73,7 +78,7 @@ def _knobs(plan: Plan) -> tuple:
     return (
         plan.dp, plan.pp, plan.tp, plan.micro_batch_size, plan.vpp, plan.sequence_parallel,
         plan.recompute, plan.sharding, plan.flash_attention, plan.layer_split,
-        plan.attention_kernel, plan.fused_norm, plan.shard_group,
+        plan.attention_kernel, plan.fused_norm, plan.shard_group, plan.cp, plan.ep, plan.etp,
     )  # fmt: skip
 
 
@@ -87,6 +92,8 @@ class _Stages(NamedTuple):
     busy_s: float
     busy_tp_s: float
     busy_dp_s: float = 0.0
+    busy_cp_s: float = 0.0
+    busy_ep_s: float = 0.0
     #: ZeRO-2/3: one layer's gradient reduce-scatter and weight all-gather, s
     layer_collectives_s: tuple[float, float] = (0.0, 0.0)
 
@@ -108,7 +115,7 @@ def _fabric_of(cluster: ClusterSpec) -> comm.Fabric:
     return fabric
 
 
-class Evaluator:
+class Evaluator(GroupCosts):
     """Evaluate many plans of one instance fast.
 
     ``profile``: measured per-layer times (:mod:`pipette_cp.specs.profile`; default: the instance's).
@@ -153,7 +160,7 @@ class Evaluator:
         check_placement(self.instance, plan, gpus)
 
     def _stage_times(
-        self, plan: Plan, key: tuple, stage_gpu: list, stage_bw: np.ndarray
+        self, plan: Plan, key: tuple, stage_gpu: list, stage_bw: np.ndarray, cp_bw: np.ndarray
     ) -> _Stages:
         """Per virtual stage: each stage's rows from the chunk times of its slowest GPU
         type at its slowest TP group's bandwidth (cached by both)."""
@@ -162,25 +169,32 @@ class Evaluator:
 
         def make() -> _Stages:
             rows = np.arange(plan.pp * vpp) % plan.pp
-            stage_keys = [(g.name, float(bw)) for g, bw in zip(stage_gpu, stage_bw, strict=True)]
-            out = np.zeros((3, plan.pp * vpp))
-            for name, bw in set(stage_keys):
+            stage_keys = [
+                (g.name, float(bw), float(c))
+                for g, bw, c in zip(stage_gpu, stage_bw, cp_bw, strict=True)
+            ]
+            out = np.zeros((4, plan.pp * vpp))
+            for name, bw, c in set(stage_keys):
                 args = (model, training, types[name], plan, bw, self.profile)
-                t = self._cached(("chunks", key, name, bw), partial(chunk_times, *args))
-                times = np.stack(
-                    [t.forward_s, t.backward_s, t.tp_comm_forward_s + t.tp_comm_backward_s]
-                )
-                sel = np.array([k == (name, bw) for k in stage_keys])[rows]
+                make_chunks = partial(chunk_times, *args, cp_bandwidth_bytes_per_s=c)
+                t = self._cached(("chunks", key, name, bw, c), make_chunks)
+                times = np.stack([
+                    t.forward_s, t.backward_s, t.tp_comm_forward_s + t.tp_comm_backward_s,
+                    t.cp_comm_forward_s + t.cp_comm_backward_s,
+                ])  # fmt: skip
+                sel = np.array([k == (name, bw, c) for k in stage_keys])[rows]
                 out[:, sel] = times[:, sel]
             out.flags.writeable = False
             m = num_micro_batches(inst, plan)
             busy = m * (out[0] + out[1]).reshape(vpp, -1).sum(axis=0)
-            tp_stage = m * out[2].reshape(vpp, -1).sum(axis=0)
+            tp_stage, cp_stage = (m * out[i].reshape(vpp, -1).sum(axis=0) for i in (2, 3))
             top = int(np.argmax(busy))
-            return _Stages(out[0], out[1], out[2], float(busy[top]), float(tp_stage[top]))
+            return _Stages(out[0], out[1], out[2], float(busy[top]), float(tp_stage[top]),
+                           busy_cp_s=float(cp_stage[top]))  # fmt: skip
 
         names = tuple(g.name for g in stage_gpu) if self._mixed else None
-        return self._cached(("stage times", key, names, stage_bw.tobytes()), make)
+        at = (stage_bw.tobytes(), cp_bw.tobytes())
+        return self._cached(("stage times", key, names, at), make)
 
     def _per_stage(self, plan: Plan, key: tuple, stage_gpu: list) -> tuple[np.ndarray, np.ndarray]:
         """Parameters per GPU and optimizer-step time of every stage (cached)."""
@@ -229,16 +243,18 @@ class Evaluator:
         return out[0], out[1]
 
     def _sharded_exposure(
-        self, plan: Plan, stages: _Stages, stage_gpu: list, stage_bw: np.ndarray, rings: tuple
-    ) -> _Stages:
+        self, plan: Plan, stages: _Stages, stage_gpu: list, stage_bw: np.ndarray, rings: tuple,
+        cp_bw: np.ndarray,
+    ) -> _Stages:  # fmt: skip
         """ZeRO-2/3: the per-micro-batch collectives the compute does not hide, added to
         each chunk's forward/backward (:mod:`pipette_cp.cost.dp_collectives`; pp = 1)."""
         model, training = self.instance.model, self.instance.training
         ops = per_layer_collectives(model, training, plan)
         rs, ag = self._dp_times(plan, rings[0], rings[1], rings[2], ops)
         args = (model, training, stage_gpu[0], plan, float(stage_bw[0]))
-        key = ("layer", _knobs(plan), stage_gpu[0].name, args[-1])
-        times = self._cached(key, partial(layer_times, *args))
+        key = ("layer", _knobs(plan), stage_gpu[0].name, args[-1], float(cp_bw[0]))
+        make = partial(layer_times, *args, cp_bandwidth_bytes_per_s=float(cp_bw[0]))
+        times = self._cached(key, make)
         fwd, bwd = exposed_per_layer(plan, times, float(rs[0]), float(ag[0]))
         n = np.asarray(plan.layer_split, dtype=float)
         exposed = num_micro_batches(self.instance, plan) * (fwd + bwd) * float(n.sum())
@@ -263,10 +279,10 @@ class Evaluator:
     def _inputs(self, plan: Plan, gpus: np.ndarray) -> tuple[PipelineInputs, _Stages]:
         inst, fabric = self.instance, self.fabric
         model, training = inst.model, inst.training
-        dp, pp, tp, vpp = plan.dp, plan.pp, plan.tp, plan.vpp
+        dp, pp, tp, vpp = plan.replicas, plan.pp, plan.tp, plan.vpp  # dp: DP ring length
         key = _knobs(plan)
         tied = model.tied_embeddings and pp > 1
-        args = (pp, dp, tp, vpp, tied, fabric.num_nodes)
+        args = (pp, plan.replicas, tp, vpp, tied, fabric.num_nodes)
         f: FlowTemplate = self._cached(("flows", *args[:5]), partial(flow_template, *args))
         flat = gpus.ravel()
         if tp > 1:  # each unit's TP ring in NCCL's order (rings); slowest unit per stage
@@ -278,7 +294,14 @@ class Evaluator:
             by_stage = gpus.reshape(pp, -1)
             slowest = by_stage[np.arange(pp), self._peak[by_stage].argmin(axis=1)]
             stage_gpu = [self._gpu_of_gpu[int(g)] for g in slowest]
-        stages = self._stage_times(plan, key, stage_gpu, stage_bw)
+        groups: GroupFlows | None = None
+        cp_bw = np.zeros(pp)
+        if plan.cp > 1 or plan.ep > 1:
+            groups = self._cached(("groups", key), partial(group_flows, plan))
+            cp_bw = cp_ring_bandwidths(fabric, flat, groups)[0]
+        stages = self._stage_times(plan, key, stage_gpu, stage_bw, cp_bw)
+        if plan.ep > 1 and groups is not None:
+            stages = self._with_alltoall(plan, key, stages, flat, groups)
         params, optimizer = self._per_stage(plan, key, stage_gpu)
         # every transfer of the iteration in one gather
         (r0, e0, end), last = f.bounds, f.last
@@ -293,19 +316,23 @@ class Evaluator:
             # activation (= gradient) per tp rank: s b h, / tp with sequence parallelism
             # (Megatron get_tensor_shapes); point-to-point: latency + bytes / bandwidth
             elem = BYTES_PER_ELEMENT[training.precision]
-            act = training.seq_length * plan.micro_batch_size * model.hidden_size * elem
+            act = unit_tokens(training, plan) * model.hidden_size * elem
             t = lat[:r0] + act / (tp if plan.sequence_parallel else 1) / bw[:r0]
             # a hop takes its slowest tp rank; the slowest DP replica sets the pipeline
-            hops[:, :last] = t.reshape(2, last, dp * tp).max(axis=2)
+            hops[:, :last] = t.reshape(2, last, plan.replicas * tp).max(axis=2)
         dp_sync = gather = np.zeros(pp)
         if dp > 1:
             shape = (dp, pp * tp)
             ring_bw, ring_lat = bw[r0:e0].reshape(shape).T, lat[r0:e0].reshape(shape).T
-            ops = self._cached(("dp ops", key), lambda: step_collectives(training, plan, params))
+            dense = self._dense_synced(plan, key, params)
+            ops = self._cached(("dp ops", key), lambda: step_collectives(training, plan, dense))
             dp_sync, gather = self._dp_times(plan, flat[f.ring_pos], ring_bw, ring_lat, ops)
             if plan.sharding in GRADIENT_SHARDING:
                 rings = (flat[f.ring_pos], ring_bw, ring_lat)
-                stages = self._sharded_exposure(plan, stages, stage_gpu, stage_bw, rings)
+                stages = self._sharded_exposure(plan, stages, stage_gpu, stage_bw, rings, cp_bw)
+        if groups is not None and expert_rings_apart(plan):
+            extra = self._expert_sync(plan, key, flat, groups)
+            dp_sync, gather = dp_sync + extra[0], gather + extra[1]
         embedding = 0.0
         if tied:  # all-reduce of the word-embedding gradient between its two copies
             grad_bytes = gradient_wire_bytes(training)
@@ -363,11 +390,13 @@ class Evaluator:
         tail = finish_iteration(x, ends, last_b)
         pp_comm = max(pipe - pipe_free, 0.0)
         breakdown = {
-            "compute": st.busy_s - st.busy_tp_s - st.busy_dp_s,
+            "compute": st.busy_s - st.busy_tp_s - st.busy_dp_s - st.busy_cp_s - st.busy_ep_s,
             "bubble": float(pipe - st.busy_s - pp_comm),
             "pp_comm": pp_comm,
             "dp_comm": tail.optimizer_start_s - pipe + tail.param_gather_s + st.busy_dp_s,
             "tp_comm": st.busy_tp_s,
+            "cp_comm": st.busy_cp_s,
+            "ep_comm": st.busy_ep_s,
             "optimizer": tail.optimizer_s,
         }
         inst, total, n, key = self.instance, tail.total_s, plan.num_gpus, _knobs(plan)

@@ -22,9 +22,9 @@ from pipette_cp.specs.selection import excluded_nodes, usable_gpus
 
 
 def placement_array(plan: Plan) -> np.ndarray:
-    """The placement as a (pp, dp, tp) integer array: ``[stage, replica, tp_rank]``."""
+    """The placement as a (pp, dp * cp, tp) integer array: ``[stage, replica, tp_rank]``."""
     flat = np.fromiter(chain.from_iterable(plan.placement), dtype=np.int64)
-    return flat.reshape(plan.pp, plan.dp, plan.tp)
+    return flat.reshape(plan.pp, plan.replicas, plan.tp)
 
 
 def num_micro_batches(instance: Instance, plan: Plan) -> int:
@@ -49,8 +49,8 @@ def _unpriced(model: Any) -> list[tuple[str, object, str]]:
 def check_knobs(instance: Instance, plan: Plan) -> None:
     """Raise :class:`LayoutError` for the first failing check that ignores the placement.
 
-    In order: dense model; tp within a node (beyond a node: a multiple of
-    gpus_per_node dividing the GPUs of an NVLink domain) and dividing the attention
+    In order: context- and expert-parallel rules (:func:`check_context_and_experts`);
+    tp within a node (beyond a node: a multiple of gpus_per_node dividing the GPUs of an NVLink domain) and dividing the attention
     and key/value heads; dp * pp * tp GPUs; dp * micro-batch dividing the global
     batch; the layer split; interleaving (pp > 1, pp dividing the micro-batches
     as Megatron requires).
@@ -60,9 +60,8 @@ def check_knobs(instance: Instance, plan: Plan) -> None:
     g, n, used = cluster.gpus_per_node, cluster.num_gpus, plan.num_gpus
     gbs = training.global_batch_size
     heads, kv = model.num_attention_heads, model.kv_heads
-    if model.is_moe:
-        raise LayoutError("model.num_experts", model.num_experts,
-                          f"num_experts={model.num_experts}: mixture-of-experts models are not modelled")  # fmt: skip
+    product = f"dp={dp} x pp={pp} x tp={tp}" + (f" x cp={plan.cp}" if plan.cp > 1 else "")
+    check_context_and_experts(model, training, plan)
     for field, value, what in _unpriced(model):
         raise LayoutError(f"model.{field}", value, f"{what} is not in the cost model yet")
     if tp > g:
@@ -73,11 +72,11 @@ def check_knobs(instance: Instance, plan: Plan) -> None:
         raise LayoutError("plan.tp", tp, f"tp={tp} must divide num_kv_heads={kv}")
     if used > n:
         raise LayoutError("plan.dp*pp*tp", used,
-                          f"dp={dp} x pp={pp} x tp={tp} = {used} GPUs, but the cluster has {n} GPUs")  # fmt: skip
+                          f"{product} = {used} GPUs, but the cluster has {n} GPUs")  # fmt: skip
     usable = usable_gpus(cluster, instance.search_space)
     if used != usable if instance.search_space.use_all_gpus else used > usable:
         raise LayoutError("plan.dp*pp*tp", used,
-                          f"dp={dp} x pp={pp} x tp={tp} = {used} GPUs, but the nodes not excluded "
+                          f"{product} = {used} GPUs, but the nodes not excluded "
                           f"have {usable} GPUs" + (" (use_all_gpus: true)" if used < usable else ""))  # fmt: skip
     if gbs % (dp * mb):
         raise LayoutError("plan.micro_batch_size", mb,
@@ -94,13 +93,53 @@ def check_knobs(instance: Instance, plan: Plan) -> None:
         if plan.sharding == "none":
             raise LayoutError("plan.dp_shard_size", size,
                               "hybrid sharding needs a sharding level (dp_sharding optim or above)")  # fmt: skip
-        if dp % size:
-            raise LayoutError("plan.dp_shard_size", size, f"must divide dp={dp}")
+        if plan.replicas % size:
+            what = f"dp={dp}" if plan.cp == 1 else f"dp x cp={plan.replicas}"
+            raise LayoutError("plan.dp_shard_size", size, f"must divide {what}")
     if plan.sharding in ("optim_grads", "optim_grads_params") and pp > 1:
         # DeepSpeed: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"; the
         # gradients of every micro-batch would be reduced while the pipeline holds others.
         raise LayoutError("plan.dp_sharding", plan.sharding,
                           f"sharding gradients (optim_grads, optim_grads_params) needs pp=1, got pp={pp}")  # fmt: skip
+
+
+def check_context_and_experts(model: Any, training: Any, plan: Plan) -> None:
+    """Megatron-Core's rules for context and expert parallelism.
+
+    cp: the sequence splits into ``2 cp`` chunks (causal load balancing: rank ``i``
+    holds chunks ``i`` and ``2 cp - 1 - i``), so ``2 cp`` must divide seq_length.
+    ep / etp: a dense model has no experts (ep = 1, etp unset or tp); for a
+    mixture-of-experts model ep divides num_experts, etp the expert FFN size, and
+    ep x etp the stage's tp x cp x dp ranks; tensor parallelism with experts needs
+    sequence parallelism (Megatron's validate_args).
+    """
+    cp, seq, tp = plan.cp, training.seq_length, plan.tp
+    if cp > 1 and seq % (2 * cp):
+        raise LayoutError("plan.cp", cp, f"cp={cp}: 2 x cp = {2 * cp} must divide "
+                          f"seq_length={seq} (load-balanced causal chunks)")  # fmt: skip
+    if not model.is_moe:
+        if plan.ep > 1:
+            raise LayoutError("plan.ep", plan.ep, "expert parallelism needs a mixture-of-experts "
+                              "model (model.num_experts)")  # fmt: skip
+        if plan.etp is not None and plan.etp != tp:
+            raise LayoutError("plan.etp", plan.etp, "expert tensor parallelism needs a "
+                              "mixture-of-experts model (model.num_experts)")  # fmt: skip
+        return
+    experts, etp = model.num_experts, plan.expert_tp
+    if experts % plan.ep:
+        raise LayoutError("plan.ep", plan.ep, f"ep={plan.ep} must divide num_experts={experts}")
+    if (ffn := model.expert_width) % etp:
+        raise LayoutError("plan.etp", etp, f"etp={etp} must divide the expert FFN size {ffn}")
+    if plan.expert_dp == 0:
+        ranks = tp * cp * plan.dp
+        raise LayoutError("plan.ep", plan.ep, f"ep={plan.ep} x etp={etp} must divide the "
+                          f"tp x cp x dp = {ranks} ranks of a pipeline stage")  # fmt: skip
+    if plan.sharding in ("optim_grads", "optim_grads_params"):
+        raise LayoutError("plan.dp_sharding", plan.sharding, "sharding gradients or parameters "
+                          "of a mixture-of-experts model is not modelled (use none or optim)")  # fmt: skip
+    if tp > 1 and not plan.sequence_parallel:
+        raise LayoutError("plan.sequence_parallel", False, f"a mixture-of-experts model with "
+                          f"tp={tp} needs sequence_parallel (Megatron)")  # fmt: skip
 
 
 def _check_wide_tp(cluster: Any, tp: int) -> None:
@@ -165,7 +204,7 @@ def check_placement(instance: Instance, plan: Plan, gpus: np.ndarray) -> None:
 def validate_layout(instance: Instance, plan: Plan, gpus: np.ndarray | None = None) -> None:
     """Raise :class:`LayoutError` if ``plan`` cannot run this model on this cluster.
 
-    Checks, in order: dense model; tp within a node and dividing the attention
+    Checks, in order: context and expert parallelism; tp within a node and dividing the attention
     and key/value heads; dp * pp * tp GPUs; dp * micro-batch dividing the
     global batch; the layer split; interleaving (pp > 1, pp dividing the
     micro-batches as Megatron requires); the placement (ids in range, no GPU

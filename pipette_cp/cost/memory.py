@@ -5,19 +5,20 @@ Parts (all bytes, for the most loaded GPU of the stage):
 - weights, gradients, optimizer state: Megatron mixed-precision Adam keeps a
   bf16/fp16 weight (2 B), an fp32 main gradient (4 B) and an fp32 master copy
   plus two fp32 moments (12 B) per parameter, 18 B in all; the distributed
-  optimizer (ZeRO-1) shards the 12 B over the data-parallel ranks.  FP8 training
-  (Transformer Engine) keeps the same state plus FP8 copies of the layer GEMM weights
-  (:func:`pipette_cp.cost.parameters.fp8_weight_bytes_per_layer`).
+  optimizer (ZeRO-1) shards the 12 B over the dp x cp ranks (routed experts: over the
+  expert data-parallel ranks).  FP8 training (Transformer Engine) keeps the same state
+  plus FP8 copies of the layer GEMM weights (:mod:`pipette_cp.cost.parameters`).
 - activations: per layer per micro-batch (Korthikanti et al. 2022, Table 2,
   derived term by term so that GQA, SwiGLU and any FFN width follow; under FP8 the
-  GEMM inputs Transformer Engine keeps in FP8), times the
-  layers of the stage, times the micro-batches in flight under (interleaved)
-  1F1B; plus the embedding's inputs on the first stage and the final norm's on
-  the last.
+  GEMM inputs Transformer Engine keeps in FP8; MoE layers the terms of
+  :mod:`pipette_cp.cost.memory_moe` instead of the dense MLP's), times the layers of the
+  stage, times the micro-batches in flight under (interleaved) 1F1B; plus the embedding's
+  inputs on the first stage and the final norm's on the last.  A GPU keeps ``s b / cp``
+  tokens of every term (context parallelism; unfused attention scores ``s/cp x s``).
 - logits: the last stage's vocabulary-parallel logits, bf16 and fp32 copies.
 - temporary: the working set of the layer being back-propagated (gradients of
-  its activations, and its re-materialised activations under recompute) and
-  the pipeline send/receive buffers.
+  its activations, and its re-materialised activations under recompute), the
+  pipeline send/receive buffers, the MoE dispatch buffers and the context-parallel ring's.
 - runtime: CUDA context, NCCL buffers and allocator reserve/fragmentation
   (:data:`pipette_cp.cost.calibration.MEMORY_CALIBRATION`, fitted on BLOOM).
 
@@ -35,6 +36,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
+from pipette_cp.cost import memory_moe, parameters
 from pipette_cp.cost.calibration import MEMORY_CALIBRATION, MemoryCalibration
 from pipette_cp.cost.framework import resolve_framework
 from pipette_cp.cost.kernels import (
@@ -46,12 +48,9 @@ from pipette_cp.cost.kernels import (
     uses_fused_attention,
 )
 from pipette_cp.cost.parameters import (
-    FP8_WEIGHT_BYTES,
-    fp8_weight_bytes_per_layer,
-    layer_gemm_params_per_gpu,
-    layer_params_per_gpu,
+    layer_params_per_gpu,  # noqa: F401 (re-exported)
     padded_vocab_size,
-    stage_params_per_gpu,
+    stage_params_per_gpu,  # noqa: F401 (re-exported)
     state_bytes_per_param,
 )
 from pipette_cp.specs.gpu import GpuSpec
@@ -110,10 +109,13 @@ class MemoryBreakdown:
 
 
 # -------------------------------------------------------------------- activations
-def _full_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
-    """Bytes one layer stores for one micro-batch without any recomputation."""
+def _full_layer_activation_bytes(
+    model: ModelSpec, training: TrainingSpec, plan: Plan, moe: bool = False
+) -> float:
+    """Bytes one layer (a mixture-of-experts one with ``moe``) stores for one micro-batch
+    without any recomputation; ``s b / cp`` tokens on each GPU."""
     s, b, t = training.seq_length, plan.micro_batch_size, plan.tp
-    tokens = s * b
+    tokens = s * b / plan.cp
     h, f = model.hidden_size, model.ffn_hidden_size
     q_width = model.num_attention_heads * model.head_size
     kv_width = model.kv_heads * model.head_size
@@ -125,8 +127,10 @@ def _full_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, plan:
     gemm_in = float(FP8_BYTES) if keeps_fp8_tensors(training) else 2.0
     # Korthikanti et al. 2022 sec. 4.1: 2 norm inputs (2sbh each), QKV and FC1 inputs
     # (2sbh each), two 1-byte dropout masks (sbh each) -> 10sbh; replicated over tp
-    # unless sequence parallel.  A norm written in PyTorch keeps more (cost.kernels).
-    per_h = 4.0 + 2.0 * gemm_in + 2.0 * drop + 2.0 * unfused_norm_extra_bytes(model, training, plan)
+    # unless sequence parallel.  A norm written in PyTorch keeps more (cost.kernels).  A
+    # MoE layer has no FC1 (its router and shared experts keep the norm output: memory_moe).
+    fc1_in, norm_extra = (0.0 if moe else gemm_in), unfused_norm_extra_bytes(model, training, plan)
+    per_h = 4.0 + gemm_in + fc1_in + 2.0 * drop + 2.0 * norm_extra
     replicated = tokens * h * per_h
     if plan.sequence_parallel:
         replicated /= t
@@ -137,29 +141,36 @@ def _full_layer_activation_bytes(model: ModelSpec, training: TrainingSpec, plan:
     attention = tokens * (2 * q_width + 2 * kv_width + 2 * kv_width + proj_in * q_width)
     # Same source: GeLU input and output (2 x 2 x 4h -> 16sbh); SwiGLU stores the
     # gate and up projections (2 x 2f) and its output (2f), the FC2 input.
-    mlp = tokens * f * ((4.0 if model.activation == "swiglu" else 2.0) + gemm_in)
-    mlp += tokens * f * unfused_activation_extra_bytes(model, training)  # unfused SwiGLU
+    mlp = 0.0  # a MoE layer's MLP terms: memory_moe
+    if not moe:
+        mlp = tokens * f * ((4.0 if model.activation == "swiglu" else 2.0) + gemm_in)
+        mlp += tokens * f * unfused_activation_extra_bytes(model, training)  # unfused SwiGLU
     split = (attention + mlp) / t
     # Same source: softmax output (2as^2b), dropout mask (as^2b) and output (2as^2b);
-    # FlashAttention keeps only the fp32 log-sum-exp per row (4 B x a s b).
+    # FlashAttention keeps only the fp32 log-sum-exp per row (4 B x a s b).  With cp a
+    # GPU scores its s/cp queries against all s keys (unfused: Megatron-Core runs cp only
+    # with TE attention, so this errs high); TE's ring attention keeps the log-sum-exp.
     heads = model.num_attention_heads
     if fused:
-        core = 4.0 * heads * s * b / t
+        core = 4.0 * heads * (s / plan.cp) * b / t
     elif plan.recompute == "selective":
         core = 0.0
     else:
-        core = heads * s * s * b * (2.0 + 3.0 * drop) / t
-    return replicated + split + core
+        core = heads * (s / plan.cp) * s * b * (2.0 + 3.0 * drop) / t
+    total = replicated + split + core
+    return (total + memory_moe.moe_mlp_activation_bytes(model, training, plan)) if moe else total
 
 
 def activation_bytes_per_layer(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
-    """Bytes one transformer layer keeps for one micro-batch until its backward.
+    """Bytes one dense transformer layer keeps for one micro-batch until its backward
+    (the dense layers of a mixture-of-experts model too; its MoE layers:
+    :func:`moe_activation_bytes_per_layer`).
 
     Korthikanti et al. 2022, Table 2, derived term by term: no TP
     ``sbh(34 + 5as/h)``, TP ``sbh(10 + 24/t + 5as/(ht))``, TP+SP
     ``sbh(34/t + 5as/(ht))``; selective recompute or FlashAttention drop the
     ``5as/h`` term; full recompute keeps the layer input, ``2sbh`` (``/t`` with
-    sequence parallelism).
+    sequence parallelism).  Context parallelism divides every term by cp.
 
     >>> from pipette_cp.specs.model import ModelSpec
     >>> from pipette_cp.specs.training import TrainingSpec
@@ -172,11 +183,24 @@ def activation_bytes_per_layer(model: ModelSpec, training: TrainingSpec, plan: P
     >>> activation_bytes_per_layer(m, tr, p) == sbh * (34 + 5 * 16 * 2048 / 1024)
     True
     """
+    return _kept_layer_bytes(model, training, plan, moe=False)
+
+
+def moe_activation_bytes_per_layer(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
+    """Bytes one mixture-of-experts layer keeps for one micro-batch until its backward:
+    the attention part of :func:`activation_bytes_per_layer` and, instead of the dense
+    MLP's terms, :func:`pipette_cp.cost.memory_moe.moe_mlp_activation_bytes`; full
+    recompute keeps the layer input alone."""
+    return _kept_layer_bytes(model, training, plan, moe=True)
+
+
+def _kept_layer_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan, moe: bool) -> float:
     if plan.recompute == "full":
         # Korthikanti et al. 2022 Table 2, full recompute: the layer input, 2sbh.
-        layer_input = 2.0 * training.seq_length * plan.micro_batch_size * model.hidden_size
+        tokens = training.seq_length * plan.micro_batch_size / plan.cp
+        layer_input = 2.0 * tokens * model.hidden_size
         return layer_input / plan.tp if plan.sequence_parallel else layer_input
-    return _full_layer_activation_bytes(model, training, plan)
+    return _full_layer_activation_bytes(model, training, plan, moe)
 
 
 def num_microbatches(training: TrainingSpec, plan: Plan) -> int:
@@ -209,8 +233,8 @@ def in_flight_microbatches(plan: Plan, stage: int, num_microbatches: int) -> flo
 
 
 def _embedding_activation_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
-    """Per in-flight micro-batch extras of the first stage."""
-    s, b = training.seq_length, plan.micro_batch_size
+    """Per in-flight micro-batch extras of the first stage (``s b / cp`` tokens a GPU)."""
+    s, b = training.seq_length / plan.cp, plan.micro_batch_size
     mask = s * b * model.hidden_size / (plan.tp if plan.sequence_parallel else 1)
     # Megatron theoretical_memory_usage.py: input ids (8sb, int64, replicated over
     # tp) and the embedding dropout mask (sbh, 1 B) per in-flight micro-batch.
@@ -218,8 +242,9 @@ def _embedding_activation_bytes(model: ModelSpec, training: TrainingSpec, plan: 
 
 
 def _last_stage_head_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
-    """Final-norm input and LM-head input, 2sbh each (Megatron theoretical memory, pp=1)."""
-    sbh = training.seq_length * plan.micro_batch_size * model.hidden_size
+    """Final-norm input and LM-head input, 2sbh each (Megatron theoretical memory, pp=1),
+    of the ``s b / cp`` tokens of a GPU."""
+    sbh = training.seq_length / plan.cp * plan.micro_batch_size * model.hidden_size
     shard = plan.tp if plan.sequence_parallel else 1
     return 4.0 * sbh / shard
 
@@ -227,21 +252,24 @@ def _last_stage_head_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan)
 def logits_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
     """Vocabulary-parallel logits of one micro-batch on the last stage.
 
-    The LM head writes ``s b V/t`` bf16 logits (2 B) and the cross-entropy keeps
-    an fp32 copy (4 B) for its backward (Megatron ``_VocabParallelCrossEntropy``:
-    ``logits.float()``, exp in place, saved for backward): 6 B per element at
-    the peak.  Under 1F1B the last stage runs each micro-batch's backward right
+    The LM head writes ``s b V/t`` bf16 logits (2 B; ``/ cp``: a GPU's tokens) and the
+    cross-entropy keeps an fp32 copy (4 B) for its backward (Megatron
+    ``_VocabParallelCrossEntropy``: ``logits.float()``, exp in place, saved for
+    backward): 6 B per element at the peak.  Under 1F1B the last stage runs each micro-batch's backward right
     after its forward, so one micro-batch of logits is alive.
     """
     vocab = padded_vocab_size(model, plan.tp)
     kept = LOGITS_KEPT_BYTES[training.fused_cross_entropy]  # 2 B when the loss is fused
-    return kept * training.seq_length * plan.micro_batch_size * vocab / plan.tp
+    return kept * training.seq_length / plan.cp * plan.micro_batch_size * vocab / plan.tp
 
 
 def _temporary_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
     """Transient working set on top of what is stored (assumptions, err high)."""
-    s, b = training.seq_length, plan.micro_batch_size
+    s, b = training.seq_length / plan.cp, plan.micro_batch_size
     full = _full_layer_activation_bytes(model, training, plan)
+    if model.is_moe:  # the largest layer kind of the model
+        moe = _full_layer_activation_bytes(model, training, plan, moe=True)
+        full = max(full, moe) if model.num_dense_layers else moe
     # Backward of one layer: gradients of its activations are alive at once with the
     # stored activations; bounded by one layer's full activation size (assumption).
     temp = full
@@ -254,19 +282,22 @@ def _temporary_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> fl
         # gathered weights of the layer in use and of the one prefetched (2 layers; FSDP
         # prefetches one unit ahead: Zhao et al. 2023, "PyTorch FSDP", sec. 3.3).
         fw = resolve_framework(training.framework)
-        layer = layer_params_per_gpu(model, plan.tp)
+        layer = parameters.largest_layer_params_per_gpu(model, plan)
         temp += layer * fw.gradient_bytes
         if plan.sharding == "optim_grads_params":
             temp += 2 * layer * fw.weight_bytes
-    if uses_fp8(training) and not fp8_weight_bytes_per_layer(model, training, plan):
+    if uses_fp8(training) and not parameters.fp8_weight_bytes_per_layer(model, training, plan):
         # FP8 weights not kept: those of the layer being computed (row- and column-wise)
-        temp += layer_gemm_params_per_gpu(model, plan.tp) * FP8_WEIGHT_BYTES
+        gemm = parameters.largest_layer_gemm_params_per_gpu(model, plan)
+        temp += gemm * parameters.FP8_WEIGHT_BYTES
     if plan.pp > 1:
         # Pipeline send and receive buffers of activations and their gradients,
         # 2sbh each (/t with sequence parallelism): one pair per direction.
         shard = plan.tp if plan.sequence_parallel else 1
         temp += 4 * 2.0 * s * b * model.hidden_size / shard
-    return temp
+    # One MoE layer's dispatch/combine buffers; the context-parallel ring's K/V chunks.
+    temp += memory_moe.moe_temporary_bytes(model, training, plan)
+    return temp + memory_moe.cp_temporary_bytes(model, training, plan)
 
 
 def usable_memory_bytes(gpu: GpuSpec, training: TrainingSpec | None = None) -> float:
@@ -322,13 +353,14 @@ class _Shared(NamedTuple):
     """The terms every stage of a plan shares (computed once per plan), bytes."""
 
     state_per_param: tuple[float, float, float]
+    expert_state_per_param: tuple[float, float, float]
     microbatches: int
     per_layer: float
+    moe_per_layer: float
     embedding: float
     head: float
     logits: float
     temporary: float
-    fp8_weights_per_layer: float
     runtime_constant: float
     allocator_fraction: float
     margin_fraction: float
@@ -340,12 +372,13 @@ def _shared(
     fw = resolve_framework(training.framework)
     constant = calibration.runtime_bytes if fw.runtime_bytes is None else fw.runtime_bytes
     return _Shared(
-        state_bytes_per_param(training, plan), num_microbatches(training, plan),
+        state_bytes_per_param(training, plan),
+        parameters.expert_state_bytes_per_param(training, plan), num_microbatches(training, plan),
         activation_bytes_per_layer(model, training, plan),
+        moe_activation_bytes_per_layer(model, training, plan) if model.is_moe else 0.0,
         _embedding_activation_bytes(model, training, plan),
         _last_stage_head_bytes(model, training, plan), logits_bytes(model, training, plan),
-        _temporary_bytes(model, training, plan), fp8_weight_bytes_per_layer(model, training, plan),
-        constant, calibration.allocator_fraction,
+        _temporary_bytes(model, training, plan), constant, calibration.allocator_fraction,
         fw.memory_margin,
     )  # fmt: skip
 
@@ -353,13 +386,19 @@ def _shared(
 def _stage(
     model: ModelSpec, training: TrainingSpec, plan: Plan, stage: int, shared: _Shared
 ) -> MemoryBreakdown:
-    w_b, g_b, o_b = shared.state_per_param
-    params = stage_params_per_gpu(model, plan, stage)
+    (w_b, g_b, o_b), (we_b, ge_b, oe_b) = shared.state_per_param, shared.expert_state_per_param
+    params, experts = parameters.stage_param_split(model, plan, stage)
     units = in_flight_microbatches(plan, stage, shared.microbatches) * plan.vpp
     # Interleaving: each in-flight unit is one chunk's micro-batch; with an uneven
     # split, count the stage's largest chunk for every unit (err high).
-    chunk_layers = max(plan.layer_split[c * plan.pp + stage] for c in range(plan.vpp))
-    activations = units * chunk_layers * shared.per_layer
+    if model.is_moe:  # dense and MoE layers by chunk (Megatron's virtual-stage order)
+        chunk = memory_moe.largest_chunk_bytes(
+            model, plan, stage, shared.per_layer, shared.moe_per_layer
+        )
+        activations = units * chunk
+    else:
+        chunk_layers = max(plan.layer_split[c * plan.pp + stage] for c in range(plan.vpp))
+        activations = units * chunk_layers * shared.per_layer
     if stage == 0:
         activations += math.ceil(units / plan.vpp) * shared.embedding
     logits = 0.0
@@ -372,10 +411,11 @@ def _stage(
     dynamic = activations + logits + temporary  # MemoryBreakdown.dynamic_bytes
     runtime = shared.runtime_constant + shared.allocator_fraction * dynamic
     margin = shared.margin_fraction * dynamic
+    fp8_weights = parameters.stage_fp8_weight_bytes(model, training, plan, stage)
     return MemoryBreakdown(
-        weights=params * w_b + plan.stage_layers(stage) * shared.fp8_weights_per_layer,
-        gradients=params * g_b,
-        optimizer_state=params * o_b,
+        weights=params * w_b + experts * we_b + fp8_weights,
+        gradients=params * g_b + experts * ge_b,
+        optimizer_state=params * o_b + experts * oe_b,
         activations=activations,
         logits=logits,
         temporary=temporary,

@@ -87,7 +87,7 @@ def avoid_failed_links(instance: Instance, plan: Plan, seed: int = 0) -> Plan:
         return plan
     bad |= bad.T
     tied = instance.model.tied_embeddings and plan.pp > 1
-    flows = flow_template(plan.pp, plan.dp, plan.tp, 2 if plan.pp > 1 else 1, tied, nodes)
+    flows = flow_template(plan.pp, plan.replicas, plan.tp, 2 if plan.pp > 1 else 1, tied, nodes)
     node = placement_array(plan).ravel() // g
     pairs = np.unique(np.stack((node[flows.src], node[flows.dst]), axis=1), axis=0)
     pairs = pairs[pairs[:, 0] != pairs[:, 1]]
@@ -138,14 +138,18 @@ def default_layout(instance: Instance, evaluator: Evaluator | None = None, min_p
                 dp = n // (tp * pp)
                 if not min_pp <= pp <= model.num_layers or gbs % dp:
                     continue
-                plan = make_plan(num_layers=model.num_layers, dp=dp, pp=pp, tp=tp,
-                                 micro_batch_size=1, recompute=recompute)  # fmt: skip
-                try:
-                    plan = avoid_failed_links(instance, plan)
-                    if evaluator.evaluate(plan).fits:
-                        return plan
-                except (LayoutError, InfeasibleError):
-                    continue
+                # experts: the widest expert parallelism first (ep divides dp with etp = tp)
+                eps = [e for e in _divisors(model.num_experts)[::-1] if dp % e == 0]
+                for ep in eps if model.is_moe else [1]:
+                    plan = make_plan(num_layers=model.num_layers, dp=dp, pp=pp, tp=tp, ep=ep,
+                                     micro_batch_size=1, recompute=recompute,
+                                     sequence_parallel=model.is_moe and tp > 1)  # fmt: skip
+                    try:
+                        plan = avoid_failed_links(instance, plan)
+                        if evaluator.evaluate(plan).fits:
+                            return plan
+                    except (LayoutError, InfeasibleError):
+                        continue
     raise LayoutError("plan", instance.name, "no default layout fits in memory")
 
 

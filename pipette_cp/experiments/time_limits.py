@@ -31,7 +31,12 @@ def skeleton(instance: Instance) -> Plan:
     data parallelism (so split and placement both matter)."""
     best: tuple[float, Plan] | None = None
     for plan in enumerate_layouts(instance):
-        if plan.pp < 2 or plan.dp < 2 or plan.vpp > 1 or not memory_check(instance, plan).feasible:
+        if (
+            plan.pp < 2
+            or plan.replicas < 2
+            or plan.vpp > 1
+            or not memory_check(instance, plan).feasible
+        ):
             continue
         bound = time_lower_bound(instance, plan)
         if best is None or bound < best[0]:

@@ -1,12 +1,13 @@
 """Launch files that make Megatron's default rank grouping realise a plan's placement.
 
-Megatron builds its groups from the global rank in ``tp-dp-pp`` order
-(``RankGenerator`` in ``megatron/core/parallel_state.py``): rank
-``r = t + tp * (d + dp * s)`` is tensor rank ``t`` of DP replica ``d`` of stage
-``s``.  The plan says which GPU holds unit ``(s, d)``, so rank ``r`` must run
-on ``placement[s * dp + d][t]``.  :func:`write_launch_files` writes:
+Megatron builds its groups from the global rank in ``tp-cp-dp-pp`` order
+(``RankGenerator`` in ``megatron/core/parallel_state.py``; expert groups re-split a
+stage's ranks): rank ``r = t + tp * (u + dp * cp * s)`` is tensor rank ``t`` of replica
+``u = d * cp + c`` (DP rank ``d``, CP rank ``c``) of stage ``s``.  The plan says which
+GPU holds unit ``(s, u)``, so rank ``r`` must run on ``placement[s * dp * cp + u][t]``.
+:func:`write_launch_files` writes:
 
-* ``rank_map.csv``: rank, host, GPU, stage, DP rank, TP rank;
+* ``rank_map.csv``: rank, host, GPU, stage, DP rank, (CP rank when cp > 1,) TP rank;
 * ``rank_wrapper.sh``: what every launcher starts once per rank.  It takes the rank
   from the launcher (``SLURM_PROCID``, ``OMPI_COMM_WORLD_RANK`` or torchrun's
   ``RANK``), checks that it runs on the host the plan gives it, exports ``RANK``,
@@ -60,27 +61,22 @@ class RankSlot:
     stage: int
     replica: int
     tp_rank: int
+    dp_rank: int = 0
+    cp_rank: int = 0
 
 
 def rank_map(instance: Instance, plan: Plan) -> list[RankSlot]:
-    """Rank -> (host, local GPU) in Megatron's tp-dp-pp rank order."""
+    """Rank -> (host, local GPU) in Megatron's tp-cp-dp-pp rank order: rank
+    ``t + tp * (replica + replicas * stage)`` with ``replica = dp_rank * cp + cp_rank``."""
     cluster = instance.cluster
     out = []
     for stage in range(plan.pp):
-        for replica in range(plan.dp):
+        for replica in range(plan.replicas):
             for t, gpu in enumerate(plan.unit_gpus(stage, replica)):
-                rank = t + plan.tp * (replica + plan.dp * stage)
-                node = cluster.node_of(gpu)
-                out.append(
-                    RankSlot(
-                        rank,
-                        cluster.node_names[node],
-                        gpu % cluster.gpus_per_node,
-                        stage,
-                        replica,
-                        t,
-                    )
-                )
+                rank = t + plan.tp * (replica + plan.replicas * stage)
+                host, local = cluster.node_names[cluster.node_of(gpu)], gpu % cluster.gpus_per_node
+                dp_rank, cp_rank = divmod(replica, plan.cp)
+                out.append(RankSlot(rank, host, local, stage, replica, t, dp_rank, cp_rank))
     return sorted(out, key=lambda r: r.rank)
 
 
@@ -129,10 +125,7 @@ def write_launch_files(
     env = megatron.megatron_environment(instance, plan)
     layout = torchrun_layout(slots)
     files = {
-        "rank_map.csv": "rank,host,local_gpu,stage,dp_rank,tp_rank\n"
-        + "".join(
-            f"{s.rank},{s.host},{s.local_gpu},{s.stage},{s.replica},{s.tp_rank}\n" for s in slots
-        ),
+        "rank_map.csv": _rank_csv(plan, slots),
         "rankfile": "# Open MPI hostfile for the sequential mapper: the R-th host line runs rank R\n"
         "# (mpirun --hostfile rankfile --map-by seq; see launch_mpirun.sh)\n"
         + "".join(f"{s.host}\n" for s in slots),
@@ -152,6 +145,14 @@ def write_launch_files(
             path.chmod(0o755)
         paths.append(path)
     return paths
+
+
+def _rank_csv(plan: Plan, slots: list[RankSlot]) -> str:
+    """``rank_map.csv`` (a cp_rank column only with context parallelism)."""
+    cp = ("cp_rank",) if plan.cp > 1 else ()
+    cols = ("rank", "host", "local_gpu", "stage", "dp_rank", *cp, "tp_rank")
+    rows = [cols, *([getattr(s, c) for c in cols] for s in slots)]
+    return "".join(",".join(map(str, row)) + "\n" for row in rows)
 
 
 def _fill(template: str, **values: object) -> str:
@@ -196,6 +197,7 @@ def _wrapper(plan: Plan, slots: list[RankSlot], argv: list[str], env: dict[str, 
         port=MASTER_PORT,
         args=lines,
         env=env_lines or "# (no CUDA_DEVICE_MAX_CONNECTIONS rule applies to this plan)\n",
+        parallelism="tensor or context parallelism" if plan.cp > 1 else "tensor parallelism",
     )
 
 
@@ -324,7 +326,7 @@ if [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then
 fi
 export RANK=$rank WORLD_SIZE=$world_size LOCAL_RANK=$gpu
 export MASTER_ADDR=${MASTER_ADDR:-@MASTER@} MASTER_PORT=${MASTER_PORT:-@PORT@}
-# Megatron's validate_args: CUDA_DEVICE_MAX_CONNECTIONS=1 with tensor parallelism before
+# Megatron's validate_args: CUDA_DEVICE_MAX_CONNECTIONS=1 with @PARALLELISM@ before
 # Blackwell; unset with Megatron FSDP.
 @ENV@exec "${PIPETTE_CP_PYTHON:-python}" "${PIPETTE_CP_TRAIN_SCRIPT:-pretrain_gpt.py}" \\
   "${megatron_args[@]}" "$@"

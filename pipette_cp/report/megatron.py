@@ -7,8 +7,11 @@ checked against that parser's table by :mod:`pipette_cp.report.megatron_check`.
 
 The flags describe the whole modelled network (widths, heads and query groups,
 norm and its epsilon, activation, positions with the RoPE base, fraction and
-scaling, biases, tying, dropout) and the plan (parallel sizes, batch, the
-interleaving or the layer split, recomputation, sharding, kernels).  What the
+scaling, biases, tying, dropout; latent attention, experts and multi-token
+prediction from :mod:`pipette_cp.report.megatron_moe`) and the plan (parallel
+sizes, context and expert parallelism included, batch, the interleaving or the
+layer split, recomputation, sharding, kernels).  None of them needs the cost
+model: only :func:`check_export`'s memory check evaluates the plan.  What the
 model spec does not fix is left to the user and said in
 :func:`megatron_notes`: data, tokenizer (hence the vocabulary), optimizer
 hyper-parameters, checkpoints.
@@ -22,6 +25,7 @@ from pipette_cp.cost.evaluate import evaluate
 from pipette_cp.cost.kernels import BLACKWELL_NAME, attention_kernel, fp8_format, fp8_recipe
 from pipette_cp.errors import LayoutError, SpecError, UnsupportedError
 from pipette_cp.report.megatron_check import check_megatron_argv
+from pipette_cp.report.megatron_moe import architecture_flags, moe_notes, parallel_flags
 from pipette_cp.solvers.split import megatron_split_args
 from pipette_cp.specs import Instance, Plan
 from pipette_cp.units import GiB
@@ -43,7 +47,8 @@ def _render(flags: list[Flag]) -> list[str]:
 
 
 def model_flags(instance: Instance) -> list[Flag]:
-    """The network: widths, heads, positions, norm, activation, biases, tying, dropout.
+    """The network: widths, heads, positions, norm, activation, biases, tying, latent
+    attention, experts, multi-token prediction, dropout.
 
     Raises
     ------
@@ -93,6 +98,7 @@ def model_flags(instance: Instance) -> list[Flag]:
         flags.append(("--qk-layernorm", None))
     if not m.tied_embeddings:
         flags.append(("--untie-embeddings-and-output-weights", None))
+    flags += architecture_flags(instance)  # latent attention, experts, MTP (dense: none)
     attention, hidden = dropouts(instance)
     flags += [("--attention-dropout", repr(attention)), ("--hidden-dropout", repr(hidden))]
     flags += [*precision_flags(instance), ("--optimizer", t.optimizer)]
@@ -183,7 +189,7 @@ def megatron_notes(instance: Instance, plan: Plan) -> list[str]:
         notes.append(
             "environment: "
             + ("unset CUDA_DEVICE_MAX_CONNECTIONS (Megatron FSDP)" if value is None else
-               f"CUDA_DEVICE_MAX_CONNECTIONS={value} (tensor parallelism before Blackwell)")
+               f"CUDA_DEVICE_MAX_CONNECTIONS={value} ({_parallelism(plan)} before Blackwell)")
             + "; the launch files set it"
         )  # fmt: skip
     if t.dropout and dropouts(instance) == (0.0, 0.0):
@@ -204,7 +210,14 @@ def megatron_notes(instance: Instance, plan: Plan) -> list[str]:
             "attention and element-wise kernels in bf16 (Megatron's defaults); "
             "--first-last-layers-bf16 or --fp8-param-gather would change what was costed"
         )
-    return notes
+    return notes + moe_notes(instance, plan)
+
+
+def _parallelism(plan: Plan) -> str:
+    """What needs one CUDA stream: tensor and/or context parallelism."""
+    if plan.cp == 1:
+        return "tensor parallelism"
+    return "tensor and context parallelism" if plan.tp > 1 else "context parallelism"
 
 
 def attention_args(instance: Instance, plan: Plan) -> list[str]:
@@ -236,12 +249,13 @@ def fusion_args(instance: Instance) -> list[str]:
 
 
 def megatron_flags(instance: Instance, plan: Plan) -> list[Flag]:
-    """Every flag: parallel sizes, batch, interleaving, SP, recompute, sharding, kernels,
-    overlaps, split, then the model (:func:`model_flags`)."""
+    """Every flag: parallel sizes (tp, pp, cp, ep, etp), batch, interleaving, SP, recompute,
+    sharding, kernels, overlaps, split, then the model (:func:`model_flags`)."""
     t = instance.training
     flags: list[Flag] = [
         ("--tensor-model-parallel-size", str(plan.tp)),
         ("--pipeline-model-parallel-size", str(plan.pp)),
+        *parallel_flags(instance, plan),  # cp, ep, etp (dense with cp = ep = 1: none)
         ("--micro-batch-size", str(plan.micro_batch_size)),
         ("--global-batch-size", str(t.global_batch_size)),
     ]
@@ -322,25 +336,43 @@ def megatron_environment(instance: Instance, plan: Plan) -> dict[str, str | None
     """
     if uses_fsdp(plan):
         return {"CUDA_DEVICE_MAX_CONNECTIONS": None}
-    if plan.tp > 1 and before_blackwell(instance):
+    if (plan.tp > 1 or plan.cp > 1) and before_blackwell(instance):
         return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     return {}
+
+
+def check_flags(instance: Instance, plan: Plan) -> None:
+    """What ``export --check`` checks, without the cost model: the exported arguments,
+    environment and world size against Megatron-LM's parser table and its rules
+    (:func:`pipette_cp.report.megatron_check.check_megatron_argv`).
+
+    Raises
+    ------
+    SpecError
+        The first rule the export breaks, naming the flag (or variable) and its value.
+    """
+    check_megatron_argv(
+        megatron_argv(instance, plan),
+        megatron_environment(instance, plan),
+        before_blackwell=before_blackwell(instance),
+        world_size=plan.num_gpus,
+    )
 
 
 def check_export(instance: Instance, plan: Plan, *, flags: bool = True) -> None:
     """Refuse to export a plan Megatron-LM would not run as modelled.
 
-    - a plan that does not fit in memory (its evaluation's ``fits``);
+    - a plan that does not fit in memory (its evaluation's ``fits``; the cost model
+      raises for what it does not model);
     - a virtual stage without transformer layers (:func:`split_flags` raises);
-    - with ``flags``: arguments or environment that Megatron-LM's parser table
-      rejects (:func:`pipette_cp.report.megatron_check.check_megatron_argv`).
+    - with ``flags``: :func:`check_flags`.
 
     Raises
     ------
     LayoutError, SpecError
         One line naming the plan (or the flag) and why.
     """
-    argv = megatron_argv(instance, plan)  # the split and the model flags raise first
+    megatron_argv(instance, plan)  # the split and the model flags raise first
     evaluation = evaluate(instance, plan)
     if not evaluation.fits:
         bounds = evaluation.memory_bound_bytes_by_stage or evaluation.memory_bytes_by_stage
@@ -351,11 +383,7 @@ def check_export(instance: Instance, plan: Plan, *, flags: bool = True) -> None:
         )  # fmt: skip
     if flags:
         try:
-            check_megatron_argv(
-                argv,
-                megatron_environment(instance, plan),
-                before_blackwell=before_blackwell(instance),
-            )
+            check_flags(instance, plan)
         except SpecError as err:
             raise SpecError(
                 f"exported {err.field}", err.value, f"{err.expected} (--no-check writes it anyway)"

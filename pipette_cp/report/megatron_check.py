@@ -14,8 +14,10 @@ default.  Keys are the option strings; several may share one ``dest``
 (exact option names, as Megatron's parser allows no abbreviations; ``--flag
 value`` or ``--flag=value``; switches without values; values of the option's
 type and among its choices).  :func:`check_megatron_argv` then applies the rules
-of Megatron's ``validate_args`` that an exporter must respect (checked by hand
-at the same commit):
+of Megatron's ``validate_args`` that an exporter must respect (the first four
+checked by hand at the same commit; those of context and expert parallelism follow
+``validate_args``, ``initialize_model_parallel`` and Megatron-Core's
+``TransformerConfig`` of 2025 releases):
 
 - at most one of ``--num-layers-per-virtual-pipeline-stage``,
   ``--num-virtual-stages-per-pipeline-rank`` and
@@ -28,7 +30,24 @@ at the same commit):
   unset or > 1;
 - ``--sequence-parallel`` only with tensor parallelism > 1 (Megatron switches it
   off with a warning otherwise), and ``--tp-comm-overlap`` only with
-  ``--sequence-parallel``.
+  ``--sequence-parallel``;
+- the world size (when given) divisible by tp x pp x cp (``validate_args``) and by
+  etp x ep x pp (``initialize_model_parallel``; etp defaults to tp);
+- ``--seq-length`` divisible by 2 x cp (context parallelism's load-balanced causal
+  chunks) and, with ``--sequence-parallel``, by cp x tp (each rank's tokens split
+  over the tensor group);
+- mixture of experts (``validate_args`` and Megatron-Core's ``TransformerConfig``):
+  ``--expert-model-parallel-size`` > 1 needs ``--num-experts``, a multiple of it, and
+  no ``--fp16``; MoE with tensor parallelism needs ``--sequence-parallel``; MoE with
+  biases (no ``--disable-bias-linear``) needs expert tensor parallelism 1; a list
+  ``--moe-layer-freq`` has one entry per layer; ``--moe-router-enable-expert-bias``
+  needs the sigmoid (or sqrtsoftplus) score function; ``--moe-expert-capacity-factor``
+  needs an aux_loss, seq_aux_loss, global_aux_loss or none load balancing, and
+  ``--moe-pad-expert-input-to-capacity`` a capacity factor; as many
+  ``--moe-aux-loss-coeff`` values as load-balancing types.
+
+``--moe-layer-freq`` (type ``moe_freq_type``) is parsed as Megatron does
+(:func:`pipette_cp.report.megatron_moe.parse_layer_pattern`).
 
 Every failure is one :class:`~pipette_cp.errors.SpecError` naming the option and
 its value.
@@ -45,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from pipette_cp.errors import SpecError
+from pipette_cp.report.megatron_moe import parse_layer_pattern
 
 #: The Megatron-LM commit the table was read at.
 MEGATRON_COMMIT = "d98e8a6"
@@ -97,6 +117,8 @@ def argument_table() -> dict[str, MegatronOption]:
 def _convert(option: MegatronOption, value: str) -> Any:
     """``value`` as the option's type converts it; SpecError if it cannot."""
     kind = option.type
+    if kind == "moe_freq_type":
+        return parse_layer_pattern(option.flag, value)
     try:
         converted: Any = {"int": int, "float": float}.get(kind or "", str)(value)
     except ValueError:
@@ -201,6 +223,7 @@ def check_megatron_argv(
     env: Mapping[str, str | None] | None = None,
     *,
     before_blackwell: bool = True,
+    world_size: int | None = None,
 ) -> dict[str, tuple[str, Any]]:
     """:func:`parse_megatron_argv`, then the ``validate_args`` rules of the module doc.
 
@@ -214,6 +237,8 @@ def check_megatron_argv(
         None skips the environment rule.
     before_blackwell
         Whether the ranks run on GPUs before Blackwell (compute capability < 10).
+    world_size
+        The number of ranks the job starts; None skips the world-size rules.
 
     Raises
     ------
@@ -237,9 +262,84 @@ def check_megatron_argv(
         raise SpecError("--sequence-parallel", True, "needs --tensor-model-parallel-size > 1")
     if _on(given, "tp_comm_overlap") and not (_on(given, "sequence_parallel") and tp > 1):
         raise SpecError("--tp-comm-overlap", True, "needs --sequence-parallel (and tp > 1)")
+    _check_sizes(given, world_size)
+    _check_experts(given)
     if env is not None:
         _check_connections(given, env, tp, before_blackwell)
     return given
+
+
+def _check_sizes(given: Mapping[str, tuple[str, Any]], world: int | None) -> None:
+    """World size against the parallel sizes; sequence length against cp (and tp with SP)."""
+    tp, pp = _int(given, "tensor_model_parallel_size"), _int(given, "pipeline_model_parallel_size")
+    cp, ep = _int(given, "context_parallel_size"), _int(given, "expert_model_parallel_size")
+    etp = _int(given, "expert_tensor_parallel_size", tp)
+    if world is not None and world % (tp * pp * cp):
+        raise SpecError("world size", world, f"must be divisible by tp x pp x cp = {tp} x {pp} "
+                        f"x {cp} = {tp * pp * cp} (Megatron's validate_args)")  # fmt: skip
+    if world is not None and world % (etp * ep * pp):
+        raise SpecError("world size", world, f"must be divisible by etp x ep x pp = {etp} x {ep} "
+                        f"x {pp} = {etp * ep * pp} (Megatron's expert groups)")  # fmt: skip
+    if "seq_length" not in given:
+        return
+    seq = int(given["seq_length"][1])
+    if cp > 1 and seq % (2 * cp):
+        raise SpecError("--seq-length", seq, f"must be divisible by 2 x --context-parallel-size "
+                        f"= {2 * cp} (load-balanced causal chunks)")  # fmt: skip
+    if _on(given, "sequence_parallel") and seq % (cp * tp):
+        raise SpecError("--seq-length", seq, f"with --sequence-parallel must be divisible by "
+                        f"cp x tp = {cp * tp} (each rank's tokens split over the tensor group)")  # fmt: skip
+
+
+def _check_experts(given: Mapping[str, tuple[str, Any]]) -> None:
+    """The mixture-of-experts rules of the module doc."""
+    ep, tp = _int(given, "expert_model_parallel_size"), _int(given, "tensor_model_parallel_size")
+    experts = given["num_experts"][1] if "num_experts" in given else None
+    if ep > 1 and experts is None:
+        raise SpecError("--expert-model-parallel-size", ep, "needs --num-experts (expert "
+                        "parallelism splits the experts of a mixture-of-experts model)")  # fmt: skip
+    if experts is None:
+        return
+    if experts % ep:
+        raise SpecError("--num-experts", experts,
+                        f"must be a multiple of --expert-model-parallel-size {ep}")  # fmt: skip
+    if ep > 1 and _on(given, "fp16"):
+        raise SpecError("--expert-model-parallel-size", ep, "is not supported with --fp16")
+    if tp > 1 and not _on(given, "sequence_parallel"):
+        raise SpecError("--num-experts", experts, f"with --tensor-model-parallel-size {tp} needs "
+                        "--sequence-parallel (Megatron: MoE with tensor parallelism)")  # fmt: skip
+    etp = _int(given, "expert_tensor_parallel_size", tp)
+    if etp > 1 and given.get("add_bias_linear", ("", True))[1]:
+        raise SpecError("--expert-tensor-parallel-size", etp, "must be 1 for experts with "
+                        "biases (give --disable-bias-linear or etp 1; etp defaults to tp)")  # fmt: skip
+    _check_router(given)
+
+
+def _check_router(given: Mapping[str, tuple[str, Any]]) -> None:
+    """Layer pattern, expert bias, capacity and aux-loss rules of a MoE argument list."""
+    freq = given.get("moe_layer_freq", ("", 1))[1]
+    layers = _int(given, "num_layers", 0)
+    if isinstance(freq, list) and layers and len(freq) != layers:
+        raise SpecError("--moe-layer-freq", given["moe_layer_freq"][1], f"lists {len(freq)} "
+                        f"layers, --num-layers is {layers}")  # fmt: skip
+    score = given.get("moe_router_score_function", ("", "softmax"))[1]
+    if _on(given, "moe_router_enable_expert_bias") and score not in ("sigmoid", "sqrtsoftplus"):
+        raise SpecError("--moe-router-enable-expert-bias", True, "needs --moe-router-score-"
+                        f"function sigmoid or sqrtsoftplus (got {score})")  # fmt: skip
+    types = given.get("moe_router_load_balancing_type", ("", ["aux_loss"]))[1]
+    if "moe_expert_capacity_factor" in given and not set(types) <= {
+        "aux_loss", "seq_aux_loss", "global_aux_loss", "none"
+    }:  # fmt: skip
+        raise SpecError("--moe-expert-capacity-factor", given["moe_expert_capacity_factor"][1],
+                        "needs --moe-router-load-balancing-type aux_loss, seq_aux_loss, "
+                        f"global_aux_loss or none (got {' '.join(types)})")  # fmt: skip
+    if _on(given, "moe_pad_expert_input_to_capacity") and "moe_expert_capacity_factor" not in given:
+        raise SpecError("--moe-pad-expert-input-to-capacity", True,
+                        "needs --moe-expert-capacity-factor")  # fmt: skip
+    coeffs = given.get("moe_aux_loss_coeff", ("", None))[1]
+    if coeffs is not None and len(types) > 1 and len(coeffs) != len(types):
+        raise SpecError("--moe-aux-loss-coeff", " ".join(map(str, coeffs)), f"needs one value "
+                        f"per --moe-router-load-balancing-type ({len(types)})")  # fmt: skip
 
 
 def _int(given: Mapping[str, tuple[str, Any]], dest: str, default: int = 1) -> int:

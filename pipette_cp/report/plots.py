@@ -116,7 +116,7 @@ def placement_figure(instance: Instance, plan: Plan) -> Figure:
     grid = np.full((n, g), np.nan)
     text: dict[tuple[int, int], str] = {}
     for stage in range(plan.pp):
-        for replica in range(plan.dp):
+        for replica in range(plan.replicas):
             for gpu in plan.unit_gpus(stage, replica):
                 grid[gpu // g, gpu % g] = stage
                 text[(gpu // g, gpu % g)] = str(replica)
@@ -144,15 +144,15 @@ def _used_node_pairs(instance: Instance, plan: Plan) -> tuple[set, set]:
     boundaries = [(s, s + 1) for s in range(plan.pp - 1)]
     if plan.vpp > 1 and plan.pp > 1:  # interleaving: the last stage feeds stage 0
         boundaries.append((plan.pp - 1, 0))
-    for d in range(plan.dp):
+    for d in range(plan.replicas):
         for s, nxt in boundaries:
             a, b = node(plan.unit_gpus(s, d)[0]), node(plan.unit_gpus(nxt, d)[0])
             if a != b:
                 hops.add((a, b))
     for s in range(plan.pp):
-        ring = [node(plan.unit_gpus(s, d)[0]) for d in range(plan.dp)]
+        ring = [node(plan.unit_gpus(s, d)[0]) for d in range(plan.replicas)]
         for k, a in enumerate(ring):
             b = ring[(k + 1) % len(ring)]
-            if a != b and plan.dp > 1:
+            if a != b and plan.replicas > 1:
                 rings.add((a, b))
     return hops, rings

@@ -39,7 +39,7 @@ def plan_links(instance: Instance, plan: Plan) -> dict[tuple[int, int], tuple[st
     for s in range(plan.pp):
         for t in range(plan.tp):
             members = sorted(
-                (plan.unit_gpus(s, d)[t] for d in range(plan.dp)), key=lambda x: x // g
+                (plan.unit_gpus(s, d)[t] for d in range(plan.replicas)), key=lambda x: x // g
             )
             by_node: dict[int, list[int]] = {}
             for gpu in members:

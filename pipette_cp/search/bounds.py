@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipette_cp.cost.alltoall import fastest_link_bytes_per_s
 from pipette_cp.cost.compute import chunk_times
 from pipette_cp.cost.memory import memory_by_stage, num_microbatches, usable_memory_bytes
 from pipette_cp.specs import Instance, Plan
@@ -54,6 +55,8 @@ def memory_check(instance: Instance, plan: Plan) -> MemoryCheck:
     chunks, v = plan.pp * plan.vpp, plan.vpp
     if model.num_layers < chunks:
         return MemoryCheck(False, math.inf)
+    if model.is_moe and model.num_dense_layers:  # two layer kinds: no one slope bounds both
+        return MemoryCheck(True, 0.0)  # (the split solver decides; never a wrong prune)
     ones = plan.model_copy(update={"layer_split": (1,) * chunks})
     twos = plan.model_copy(update={"layer_split": (2,) * chunks})
     low = np.array([b.bound_bytes for b in memory_by_stage(model, training, ones)])
@@ -79,7 +82,8 @@ def time_lower_bound(instance: Instance, plan: Plan) -> float:
     g = cluster.gpus_per_node
     intra = max(float(bandwidth[:g, :g].max()), 1.0) if g > 1 else 1.0
     fastest = max(cluster.gpu_types.values(), key=lambda gpu: gpu.peak_flops_per_s)
-    times = chunk_times(instance.model, instance.training, fastest, plan, intra)
+    times = chunk_times(instance.model, instance.training, fastest, plan, intra,
+                        cp_bandwidth_bytes_per_s=fastest_link_bytes_per_s(cluster))  # fmt: skip
     work = float((times.forward_s + times.backward_s).sum())
     m = num_microbatches(instance.training, plan)
     steps = m if plan.vpp > 1 else m + plan.pp - 1

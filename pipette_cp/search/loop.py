@@ -148,12 +148,13 @@ def search(
     weight = objective_weight(space)
     evaluator = Evaluator(instance, validate=False)
     survivors: list[tuple[float, Plan]] = []
-    # every GPU first, then most model parallelism: when the budget stops the bounding
-    # early, the layouts most likely to fit a large model on all GPUs have been bounded
+    # every GPU first, then most model parallelism (experts split over ep count too):
+    # when the budget stops the bounding early, the layouts most likely to fit a large
+    # model on all GPUs have been bounded
     everything = max(gpu_counts(instance, space))
     layouts = sorted(
         enumerate_layouts(instance, space),
-        key=lambda p: (p.num_gpus != everything, -p.tp * p.pp, -p.num_gpus),
+        key=lambda p: (p.num_gpus != everything, -p.tp * p.pp * p.ep, -p.num_gpus),
     )
     layouts = preferred_skeletons(instance, layouts)
     stats.layouts = len(layouts)
@@ -343,7 +344,7 @@ def _solve_all(
             stats.skipped_budget += 1
             continue
         share = max(left / max(1, min(len(candidates) - i, 8)), 0.5)
-        skeleton, degrees = cand.plan, (cand.plan.dp, cand.plan.pp, cand.plan.tp)
+        skeleton, degrees = cand.plan, cand.plan.placement_shape
         if degrees in placed:
             skeleton = skeleton.model_copy(update={"placement": placed[degrees].placement})
             share = max(share / 2, 0.5)

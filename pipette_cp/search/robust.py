@@ -110,7 +110,8 @@ def _key(plan: Plan) -> tuple:
     return (
         plan.dp, plan.pp, plan.tp, plan.micro_batch_size, plan.vpp, plan.sequence_parallel,
         plan.recompute, plan.sharding, plan.flash_attention, plan.layer_split,
-        plan.attention_kernel, plan.fused_norm, plan.shard_group, plan.placement,
+        plan.attention_kernel, plan.fused_norm, plan.shard_group, plan.placement, plan.cp,
+        plan.ep, plan.etp,
     )  # fmt: skip
 
 

@@ -180,7 +180,7 @@ def preferred_skeletons(instance: Instance, layouts: list[Plan]) -> list[Plan]:
         if plan.num_gpus == cluster.num_gpus:
             out.append(plan)
             continue
-        key = (plan.dp, plan.pp, plan.tp)
+        key = plan.placement_shape
         if key not in moved:
             order = node_preference(cluster) if order is None else order
             moved[key] = on_preferred_nodes(plan, cluster, order).placement

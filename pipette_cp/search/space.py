@@ -26,15 +26,56 @@ def divisors(n: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Degrees:
-    """One (dp, pp, tp) factorisation."""
+    """One (dp, pp, tp) factorisation, with context and expert parallelism."""
 
     dp: int
     pp: int
     tp: int
+    cp: int = 1
+    ep: int = 1
+    etp: int | None = None
 
     @property
     def gpus(self) -> int:
-        return self.dp * self.pp * self.tp
+        return self.dp * self.pp * self.tp * self.cp
+
+
+#: Context parallelism is tried by default from this sequence length on, keeping at
+#: least :data:`MIN_CP_TOKENS` tokens per GPU (shorter chunks leave the ring exposed).
+CP_FROM_SEQ_LENGTH = 16384
+MIN_CP_TOKENS = 4096
+
+
+def context_sizes(instance: Instance, space: SearchSpace) -> list[int]:
+    """Context-parallel sizes to try: ``space.cp``, or 1 and, for long sequences, the
+    powers of two keeping :data:`MIN_CP_TOKENS` tokens per GPU; only those with
+    ``2 cp`` dividing the sequence length (Megatron's load-balanced chunks)."""
+    seq = instance.training.seq_length
+    if space.cp is not None:
+        return [c for c in space.cp if seq % (2 * c) == 0 or c == 1]
+    out, c = [1], 2
+    while seq >= CP_FROM_SEQ_LENGTH and seq // c >= MIN_CP_TOKENS and seq % (2 * c) == 0:
+        out.append(c)
+        c *= 2
+    return out
+
+
+def expert_sizes(instance: Instance, space: SearchSpace, tp: int) -> list[tuple[int, int | None]]:
+    """(ep, etp) pairs to try: (1, None) for a dense model; for experts ``space.ep``
+    (default: every divisor of num_experts) x ``space.etp`` (default: tp, as
+    Megatron-Core, and 1), with etp dividing the expert FFN width."""
+    model = instance.model
+    if not model.is_moe:
+        return [(1, None)]
+    eps = space.ep if space.ep is not None else divisors(model.num_experts)
+    etps = space.etp if space.etp is not None else sorted({tp, 1})
+    return [
+        (e, None if t == tp else t)
+        for e in eps
+        if model.num_experts % e == 0
+        for t in etps
+        if model.expert_width % t == 0
+    ]
 
 
 def gpu_counts(instance: Instance, space: SearchSpace | None = None) -> list[int]:
@@ -65,18 +106,24 @@ def degrees(instance: Instance, space: SearchSpace | None = None) -> list[Degree
         and model.kv_heads % t == 0
         and (space.tp is None or t in space.tp)
     ]
-    found = []
+    found: list[Degrees] = []
+    cps = context_sizes(instance, space)
     for total in gpu_counts(instance, space):
-        for tp in tps:
-            if total % tp:
+        for tp, cp in product(tps, cps):
+            if total % (tp * cp):
                 continue
-            for pp in divisors(total // tp):
-                dp = total // (tp * pp)
+            experts = expert_sizes(instance, space, tp)
+            for pp in divisors(total // (tp * cp)):
+                dp = total // (tp * cp * pp)
                 if pp > model.num_layers or (space.pp is not None and pp not in space.pp):
                     continue
                 if space.dp is not None and dp not in space.dp:
                     continue
-                found.append(Degrees(dp, pp, tp))
+                found.extend(
+                    Degrees(dp, pp, tp, cp, ep, etp)
+                    for ep, etp in experts
+                    if (tp * cp * dp) % (ep * (tp if etp is None else etp)) == 0
+                )
     return found
 
 
@@ -141,10 +188,12 @@ def enumerate_layouts(instance: Instance, space: SearchSpace | None = None) -> I
                 if v == 1 or (d.pp > 1 and model.num_layers >= d.pp * v and m % d.pp == 0)
             ]
             sps = sorted({sp and d.tp > 1 for sp in space.sequence_parallel}, reverse=True)
+            if model.is_moe and d.tp > 1:  # Megatron: experts with tp need sequence parallelism
+                sps = [True]
             levels = [
                 (level, group)
-                for level in _sharding_levels(space, d.dp, d.pp)
-                for group in _shard_groups(space, level, d.dp)
+                for level in _sharding_levels(space, d.dp * d.cp, d.pp)
+                for group in _shard_groups(space, level, d.dp * d.cp)
             ]
             for vpp, sp, recompute, (sharding, group), (fa, kernel), norm in product(
                 vpps, sps, space.recompute, levels, kernels, norms
@@ -154,6 +203,9 @@ def enumerate_layouts(instance: Instance, space: SearchSpace | None = None) -> I
                     dp=d.dp,
                     pp=d.pp,
                     tp=d.tp,
+                    cp=d.cp,
+                    ep=d.ep,
+                    etp=d.etp,
                     micro_batch_size=mb,
                     vpp=vpp,
                     sequence_parallel=sp,

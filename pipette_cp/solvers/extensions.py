@@ -28,7 +28,7 @@ Example: keep the first pipeline stage off node 0 (say its NIC is degraded)::
 
         def violations(self, instance, plan):
             g = instance.cluster.gpus_per_node
-            bad = [r for r, unit in enumerate(plan.placement[: plan.dp]) if unit[0] // g == 0]
+            bad = [r for r, unit in enumerate(plan.placement[: plan.replicas]) if unit[0] // g == 0]
             return [f"replica {r}: stage 0 on node 0" for r in bad]
 
 Families are hard constraints; objective terms are not offered (the Kelley
@@ -116,13 +116,13 @@ class PlacementContext:
         return self.data.num_places
 
     def stage_of(self, unit: int) -> int:
-        return unit // self.plan.dp
+        return unit // self.plan.replicas
 
     def replica_of(self, unit: int) -> int:
-        return unit % self.plan.dp
+        return unit % self.plan.replicas
 
     def units_of_stage(self, stage: int) -> list[int]:
-        return [stage * self.plan.dp + r for r in range(self.plan.dp)]
+        return [stage * self.plan.replicas + r for r in range(self.plan.replicas)]
 
     def node_of_place(self, place: int) -> int:
         return int(self.data.place_node[place])

@@ -53,13 +53,13 @@ class BaselineSeeder(PlainSeeder):
         self, instance: Instance, plan: Plan, options: SolveOptions, sa_s: float
     ) -> list[Plan]:
         plans = super().hint_plans(instance, plan, options, sa_s)
-        if plan.dp > 1:  # whole-node permutations of Megatron's order: two-level all-reduce
+        if plan.replicas > 1:  # whole-node permutations of Megatron's order: two-level all-reduce
             packed = node_packed_placements(instance, plan, options.seed)[1:]
             plans += [plan.model_copy(update={"placement": p}) for p in packed]
         rng = random.Random(options.seed)
         for _ in range(2):
             with contextlib.suppress(LayoutError):  # fewer groups than units
-                placement = random_placement(instance.cluster, plan.dp, plan.pp, plan.tp, rng)
+                placement = random_placement(instance.cluster, plan.replicas, plan.pp, plan.tp, rng)
                 plans.append(plan.model_copy(update={"placement": placement}))
         if sa_s > 0:
             try:

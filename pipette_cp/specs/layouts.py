@@ -37,7 +37,8 @@ def even_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, ...]:
 
 @functools.lru_cache(maxsize=256)
 def megatron_placement(dp: int, pp: int, tp: int) -> tuple[tuple[int, ...], ...]:
-    """Units (stage * dp + replica) -> GPUs under Megatron's tp-dp-pp rank order
+    """Units (stage * dp + replica) -> GPUs under Megatron's tp-dp-pp rank order (with
+    context parallelism pass dp * cp: the order is tp-cp-dp-pp)
     (cached: the search builds one per layout, and layouts share their degrees).
 
     >>> megatron_placement(dp=2, pp=2, tp=2)
@@ -57,6 +58,9 @@ def make_plan(
     pp: int,
     tp: int,
     micro_batch_size: int,
+    cp: int = 1,
+    ep: int = 1,
+    etp: int | None = None,
     vpp: int = 1,
     sequence_parallel: bool = False,
     recompute: Recompute = "none",
@@ -75,6 +79,9 @@ def make_plan(
         pp=pp,
         tp=tp,
         micro_batch_size=micro_batch_size,
+        cp=cp,
+        ep=ep,
+        etp=etp,
         vpp=vpp,
         sequence_parallel=sequence_parallel,
         recompute=recompute,
@@ -87,5 +94,5 @@ def make_plan(
         attention_kernel=attention_kernel,
         fused_norm=fused_norm,
         layer_split=layer_split or even_split(num_layers, pp, vpp),
-        placement=placement or megatron_placement(dp, pp, tp),
+        placement=placement or megatron_placement(dp * cp, pp, tp),
     )

@@ -73,14 +73,34 @@ class Plan(FrozenSpec):
     ``layer_split`` lists the transformer layers of each model chunk in
     Megatron's order: virtual stage ``c * pp + s`` is chunk ``c`` of stage
     ``s``, so its length is ``pp * vpp``.  ``placement`` lists, for every
-    unit ``stage * dp + replica``, the ``tp`` GPUs that hold that unit's
-    tensor-parallel ranks (in tp-rank order).
+    unit ``stage * replicas + replica``, the ``tp`` GPUs that hold that unit's
+    tensor-parallel ranks (in tp-rank order).  A stage has ``replicas = dp * cp``
+    units in Megatron's rank order (tp-cp-dp-pp): replica ``dp_rank * cp + cp_rank``,
+    so the ``cp`` units of one context-parallel ring are consecutive.  The experts of
+    a mixture-of-experts layer re-split each stage's ``tp * cp * dp`` ranks as
+    ``etp * ep * expert_dp`` (Megatron-Core's expert rank order, etp fastest), see
+    :meth:`expert_groups`.
     """
 
     dp: int = Field(gt=0, description="Data-parallel size.")
     pp: int = Field(gt=0, description="Pipeline-parallel size.")
     tp: int = Field(gt=0, description="Tensor-parallel size.")
     micro_batch_size: int = Field(gt=0, description="Sequences per micro-batch.")
+    cp: int = Field(
+        default=1, gt=0,
+        description="Context-parallel size (Megatron --context-parallel-size): every sequence "
+        "is split over cp GPUs, which pass key/value chunks around a ring in attention.",
+    )  # fmt: skip
+    ep: int = Field(
+        default=1, gt=0,
+        description="Expert-parallel size (--expert-model-parallel-size): the experts of every "
+        "mixture-of-experts layer are split over ep GPUs; tokens reach them by all-to-all.",
+    )  # fmt: skip
+    etp: int | None = Field(
+        default=None, gt=0,
+        description="Expert tensor-parallel size (--expert-tensor-parallel-size); None: tp, "
+        "Megatron-Core's default.",
+    )  # fmt: skip
     vpp: int = Field(default=1, gt=0, description="Model chunks per stage (interleaving).")
     sequence_parallel: bool = Field(default=False, description="Megatron --sequence-parallel.")
     recompute: Recompute = Field(default="none", description="Activation recomputation.")
@@ -139,10 +159,10 @@ class Plan(FrozenSpec):
             )
         if any(n < 0 for n in self.layer_split):
             raise ValueError(f"layer_split has a negative entry: {self.layer_split}")
-        if len(self.placement) != self.pp * self.dp:
-            raise ValueError(
-                f"placement has {len(self.placement)} units, expected pp*dp={self.pp * self.dp}"
-            )
+        if len(self.placement) != self.pp * self.replicas:
+            expected = f"pp*dp={self.pp * self.dp}" if self.cp == 1 else \
+                f"pp*dp*cp={self.pp * self.replicas}"  # fmt: skip
+            raise ValueError(f"placement has {len(self.placement)} units, expected {expected}")
         for unit, gpus in enumerate(self.placement):
             if len(gpus) != self.tp:
                 raise ValueError(
@@ -159,31 +179,81 @@ class Plan(FrozenSpec):
 
     @property
     def shard_group(self) -> int:
-        """Data-parallel ranks that share one copy of the sharded state (dp unless HSDP)."""
+        """Replicas that share one copy of the sharded state (dp * cp unless HSDP: Megatron
+        shards and reduces gradients over the data- and context-parallel ranks together)."""
         if self.sharding == "none" or self.dp_shard_size is None:
-            return self.dp
+            return self.replicas
         return self.dp_shard_size
 
     @property
     def hybrid(self) -> bool:
         """Whether the sharded state is replicated across several shard groups (HSDP)."""
-        return self.shard_group < self.dp
+        return self.shard_group < self.replicas
+
+    @property
+    def replicas(self) -> int:
+        """Units per pipeline stage: ``dp * cp`` (each holds the stage's tp ranks)."""
+        return self.dp * self.cp
+
+    @property
+    def placement_shape(self) -> tuple[int, int, int]:
+        """(pp, replicas, tp): what a placement of this plan fits (plans of one shape
+        can swap placements)."""
+        return self.pp, self.replicas, self.tp
+
+    @property
+    def expert_tp(self) -> int:
+        """Expert tensor-parallel size (``etp``, or ``tp`` when unset)."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data-parallel size: ``tp * cp * dp / (ep * etp)`` (Megatron-Core);
+        0 when ``ep * etp`` does not divide the stage's ranks (an invalid layout)."""
+        ranks, group = self.tp * self.cp * self.dp, self.ep * self.expert_tp
+        return ranks // group if ranks % group == 0 else 0
 
     @property
     def num_gpus(self) -> int:
-        return self.dp * self.pp * self.tp
+        return self.dp * self.cp * self.pp * self.tp
 
     def unit_gpus(self, stage: int, replica: int) -> tuple[int, ...]:
-        """GPUs of the unit holding ``stage`` of DP ``replica``."""
-        return self.placement[stage * self.dp + replica]
+        """GPUs of the unit holding ``stage`` of ``replica`` (``dp_rank * cp + cp_rank``)."""
+        return self.placement[stage * self.replicas + replica]
+
+    def cp_groups(self) -> list[list[int]]:
+        """Stage-local rank positions ``replica * tp + tp_rank`` of every context-parallel
+        ring (one per dp rank and tp rank), in ring order."""
+        tp, cp = self.tp, self.cp
+        return [
+            [(d * cp + c) * tp + t for c in range(cp)] for d in range(self.dp) for t in range(tp)
+        ]
+
+    def expert_groups(self) -> list[list[int]]:
+        """Stage-local rank positions of every expert-parallel group (one per expert
+        data-parallel rank and expert tensor rank): position ``etp_rank + etp * (ep_rank +
+        ep * edp_rank)`` of the stage's ``tp * cp * dp`` ranks, Megatron-Core's order."""
+        etp, ep = self.expert_tp, self.ep
+        return [
+            [t + etp * (e + ep * d) for e in range(ep)]
+            for d in range(self.expert_dp)
+            for t in range(etp)
+        ]
 
     def stage_layers(self, stage: int) -> int:
         """Transformer layers on ``stage`` over all its chunks."""
         return sum(self.layer_split[c * self.pp + stage] for c in range(self.vpp))
 
     def layout(self) -> str:
-        """Short label, e.g. 'dp4-pp2-tp8-mb1-vpp2-sp-sel-do'."""
-        parts = [f"dp{self.dp}", f"pp{self.pp}", f"tp{self.tp}", f"mb{self.micro_batch_size}"]
+        """Short label, e.g. 'dp4-pp2-tp8-mb1-vpp2-sp-sel-do' or 'dp2-pp4-tp2-cp2-ep8-mb1-sp'."""
+        parts = [f"dp{self.dp}", f"pp{self.pp}", f"tp{self.tp}"]
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        if self.etp is not None and self.etp != self.tp:
+            parts.append(f"etp{self.etp}")
+        parts.append(f"mb{self.micro_batch_size}")
         if self.vpp > 1:
             parts.append(f"vpp{self.vpp}")
         if self.sequence_parallel:

@@ -18,6 +18,8 @@ Optimizer = Literal["adam", "sgd"]
 Recompute = Literal["none", "selective", "full"]
 Sharding = Literal["none", "optim", "optim_grads", "optim_grads_params"]
 Objective = Literal["time", "throughput-per-gpu"]
+#: Megatron --moe-token-dispatcher-type
+Dispatcher = Literal["alltoall", "allgather"]
 #: The sharding levels that shard more than the optimizer state (ZeRO-2, ZeRO-3).
 GRADIENT_SHARDING: tuple[Sharding, ...] = ("optim_grads", "optim_grads_params")
 AttentionKernel = Literal[
@@ -197,6 +199,29 @@ class TrainingSpec(FrozenSpec):
     dropout: bool = Field(
         default=True, description="Whether dropout masks are kept (Korthikanti et al. assume so)."
     )
+    moe_load_imbalance: float = Field(
+        default=1.0,
+        ge=1.0,
+        le=64.0,
+        description="Mixture-of-experts load imbalance, dimensionless: tokens of the busiest "
+        "expert-parallel rank over the even share (1: perfectly balanced routing; the step "
+        "waits for the busiest rank).  Ignored with a capacity factor (padded to capacity).",
+    )
+    moe_token_dispatcher: Dispatcher = Field(
+        default="alltoall",
+        description="How tokens reach their experts (Megatron --moe-token-dispatcher-type): "
+        "alltoall over the expert-parallel group, or allgather of every token.",
+    )
+    moe_grouped_gemm: bool = Field(
+        default=True,
+        description="Megatron --moe-grouped-gemm: one grouped GEMM over a rank's local experts "
+        "instead of one GEMM per expert.",
+    )
+    moe_pad_to_capacity: bool = Field(
+        default=False,
+        description="Megatron --moe-pad-expert-input-to-capacity: with a capacity factor every "
+        "expert computes its full capacity (padded) whatever it receives.",
+    )
     memory_headroom_bytes: float | None = Field(
         default=None,
         gt=0,
@@ -242,6 +267,20 @@ class SearchSpace(FrozenSpec):
     tp: tuple[int, ...] | None = Field(default=None, description="Tensor-parallel sizes.")
     pp: tuple[int, ...] | None = Field(default=None, description="Pipeline-parallel sizes.")
     dp: tuple[int, ...] | None = Field(default=None, description="Data-parallel sizes.")
+    cp: tuple[int, ...] | None = Field(
+        default=None,
+        description="Context-parallel sizes; None: 1, and for sequences of 16,384 tokens or "
+        "more also the powers of two that keep at least 4,096 tokens per GPU.",
+    )
+    ep: tuple[int, ...] | None = Field(
+        default=None,
+        description="Expert-parallel sizes; None: 1 for a dense model, every valid size for "
+        "a mixture-of-experts model.",
+    )
+    etp: tuple[int, ...] | None = Field(
+        default=None,
+        description="Expert tensor-parallel sizes; None: tp (Megatron-Core's default) and 1.",
+    )
     micro_batch_size: tuple[int, ...] = Field(
         default=(1, 2, 4, 8), description="Micro-batch sizes, sequences."
     )
@@ -310,7 +349,9 @@ class SearchSpace(FrozenSpec):
             raise ValueError(f"names a node twice: {list(values)}")
         return values
 
-    @field_validator("tp", "pp", "dp", "micro_batch_size", "vpp", "dp_shard_size")
+    @field_validator(
+        "tp", "pp", "dp", "cp", "ep", "etp", "micro_batch_size", "vpp", "dp_shard_size"
+    )
     @classmethod
     def _positive(cls, values: tuple[int, ...] | None) -> tuple[int, ...] | None:
         if values is not None:

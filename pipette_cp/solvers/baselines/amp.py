@@ -99,6 +99,9 @@ def _bandwidth(info: np.ndarray, node_a: int, node_b: int) -> float:
 
 
 def _require_amp_layout(instance: Instance, plan: Plan) -> None:
+    for name, value in (("cp", plan.cp), ("ep", plan.ep)):
+        if value > 1:
+            raise LayoutError(f"plan.{name}", value, f"amp has no {name} degree (dp, pp, tp only)")
     if plan.vpp != 1:
         raise LayoutError("plan.vpp", plan.vpp, "amp cannot express interleaved stages (vpp > 1)")
     if plan.pp > instance.model.num_layers:
@@ -148,12 +151,12 @@ def amp_comm_costs(instance: Instance, plan: Plan) -> np.ndarray:
     volume *= AMP_BYTES_PER_ELEMENT
     inverse = np.zeros(max(plan.pp - 1, 0))
     for j in range(plan.pp - 1):
-        for d in range(plan.dp):
+        for d in range(plan.replicas):
             pairs = zip(plan.unit_gpus(j, d), plan.unit_gpus(j + 1, d), strict=True)
             slowest = min(
                 _bandwidth(info, cluster.node_of(a), cluster.node_of(b)) for a, b in pairs
             )
-            inverse[j] += 1.0 / slowest / plan.dp
+            inverse[j] += 1.0 / slowest / plan.replicas
     return volume[:, None] * inverse[None, :]
 
 
@@ -184,7 +187,7 @@ def amp_pipe_cost(
 
 def amp_dp_cost(instance: Instance, plan: Plan) -> float:
     """AMP's data-parallel time (``dp_cost``): slowest stage's ring all-reduce, s."""
-    if plan.dp == 1:
+    if plan.replicas == 1:
         return 0.0
     cluster, model = instance.cluster, instance.model
     info = amp_cluster_info(cluster)
@@ -196,9 +199,9 @@ def amp_dp_cost(instance: Instance, plan: Plan) -> float:
             params += h * model.vocab_size / t
         for rank in range(t):
             # Only the ring link from the last replica back to the first is kept.
-            a, b = plan.unit_gpus(s, plan.dp - 1)[rank], plan.unit_gpus(s, 0)[rank]
+            a, b = plan.unit_gpus(s, plan.replicas - 1)[rank], plan.unit_gpus(s, 0)[rank]
             bw = _bandwidth(info, cluster.node_of(a), cluster.node_of(b))
-            ring = 2.0 * (plan.dp - 1) / (plan.dp * bw)
+            ring = 2.0 * (plan.replicas - 1) / (plan.replicas * bw)
             worst = max(worst, ring * params * AMP_BYTES_PER_ELEMENT)
     return worst
 
@@ -317,7 +320,7 @@ def amp_method(instance: Instance, skeleton: Plan, options: SolveOptions) -> Pla
     started = time.perf_counter()
     require_layout_fits(instance, skeleton, "amp")
     _require_amp_layout(instance, skeleton)
-    placement = megatron_placement(skeleton.dp, skeleton.pp, skeleton.tp)
+    placement = megatron_placement(skeleton.replicas, skeleton.pp, skeleton.tp)
     start = finish_plan(
         skeleton,
         layer_split=amp_uniform_split(instance.model.num_layers, skeleton.pp),

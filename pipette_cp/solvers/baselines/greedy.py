@@ -59,7 +59,7 @@ def walk(cost: np.ndarray, start: int, rng: np.random.Generator) -> list[int]:
 
 def lay_out(data: PlacementData, node_order: list[int], ring_major: bool) -> np.ndarray | None:
     """Units laid on the places of ``node_order`` (each place repeated by its capacity)."""
-    pp, dp = data.plan.pp, data.plan.dp
+    pp, dp = data.plan.pp, data.plan.replicas
     by_node: dict[int, list[int]] = {}
     for p, n in enumerate(data.place_node):
         by_node.setdefault(int(n), []).append(p)
@@ -140,7 +140,7 @@ def greedy(instance: Instance, skeleton: Plan, options: SolveOptions) -> Plan:
             raise InfeasibleError("no place can hold some stage (memory or failed TP links)")
         assign = first
     placement = data.placement(assign)
-    if skeleton.dp > 1 and data.multi:  # the two-level all-reduce may beat the ring
+    if skeleton.replicas > 1 and data.multi:  # the two-level all-reduce may beat the ring
         packed = node_packed_placements(instance, skeleton, options.seed)
         value, best = best_of(instance, skeleton, [placement, *packed])
         if best is not None and best != placement:

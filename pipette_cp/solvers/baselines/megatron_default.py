@@ -38,7 +38,7 @@ def megatron_default(instance: Instance, skeleton: Plan, options: SolveOptions) 
     return finish_plan(
         skeleton,
         layer_split=even_split(instance.model.num_layers, skeleton.pp, skeleton.vpp),
-        placement=megatron_placement(skeleton.dp, skeleton.pp, skeleton.tp),
+        placement=megatron_placement(skeleton.replicas, skeleton.pp, skeleton.tp),
         method="megatron-default",
         objective_s=None,
         started_at=started,
@@ -58,7 +58,7 @@ def node_packed_placements(
     carry the two-level case.
     """
     g = instance.cluster.gpus_per_node
-    base = np.array(megatron_placement(plan.dp, plan.pp, plan.tp), dtype=np.int64)
+    base = np.array(megatron_placement(plan.replicas, plan.pp, plan.tp), dtype=np.int64)
     rng = np.random.default_rng(seed)
     nodes = instance.cluster.num_nodes
     out = [base]

@@ -126,6 +126,11 @@ class PipetteCost:
 
 
 def _require_pipette_layout(instance: Instance, plan: Plan) -> None:
+    for name, value in (("cp", plan.cp), ("ep", plan.ep)):
+        if value > 1:
+            raise LayoutError(
+                f"plan.{name}", value, f"pipette-sa has no {name} degree (dp, pp, tp only)"
+            )
     cluster = instance.cluster
     n, g = cluster.num_nodes, cluster.gpus_per_node
     checks = [

@@ -80,7 +80,9 @@ def random_method(instance: Instance, skeleton: Plan, options: SolveOptions) -> 
     best: Plan | None = None
     best_bad = -1
     for _ in range(RANDOM_TRIES):
-        placement = random_placement(instance.cluster, skeleton.dp, skeleton.pp, skeleton.tp, rng)
+        placement = random_placement(
+            instance.cluster, skeleton.replicas, skeleton.pp, skeleton.tp, rng
+        )
         plan = finish_plan(
             skeleton,
             layer_split=split,

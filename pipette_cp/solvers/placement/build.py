@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipette_cp.cost import comm
+from pipette_cp.cost.alltoall import fastest_link_bytes_per_s
 from pipette_cp.cost.compute import chunk_times, layer_times, optimizer_step_time_s
 from pipette_cp.cost.dp_collectives import gradient_wire_bytes
 from pipette_cp.cost.evaluate import Evaluator
@@ -107,7 +108,7 @@ def build_placement_data(
         ``tp`` does not divide ``gpus_per_node`` (nor, beyond a node, is a multiple of
         it dividing an NVLink domain), or the plan needs more units than there are slots.
     """
-    c, tp, pp, dp = instance.cluster, plan.tp, plan.pp, plan.dp
+    c, tp, pp, dp = instance.cluster, plan.tp, plan.pp, plan.replicas
     ev = evaluator or Evaluator(instance, dp_algorithm="ring", validate=False)
     slots, complete = tensor_slots(instance, tp, aligned)
     if pp * dp > len(slots):
@@ -174,13 +175,18 @@ def _stage_tables(
     index = {(t, b): i for i, (_, b, t) in enumerate(keys)}
     place_class = np.array([index[(t, float(b))] for t, b in zip(types, bw_key, strict=True)])
     fwd, bwd, opt, layer = [], [], [], []
+    fast = fastest_link_bytes_per_s(cluster)
     for _, b, t in keys:
         gpu = cluster.gpu_types[t]
-        times = chunk_times(model, training, gpu, plan, b, None)
+        # context parallelism: its rings at the fastest link (a lower bound; the
+        # evaluator prices the placement's rings and all-to-alls, see "exact")
+        times = chunk_times(model, training, gpu, plan, b, None, cp_bandwidth_bytes_per_s=fast)
         fwd.append(times.forward_s)
         bwd.append(times.backward_s)
         opt.append([optimizer_step_time_s(model, training, gpu, plan, s) for s in range(plan.pp)])
-        one = layer_times(model, training, gpu, plan, b)  # what ZeRO-2/3 collectives hide behind
+        one = layer_times(
+            model, training, gpu, plan, b, cp_bandwidth_bytes_per_s=fast
+        )  # what ZeRO-2/3 collectives hide behind
         layer.append((one.forward_s, one.backward_s))
     fwd_a, bwd_a, opt_a = np.array(fwd), np.array(bwd), np.array(opt)
     monotone = all((np.diff(a, axis=0) <= 1e-15).all() for a in (fwd_a, bwd_a, opt_a))
@@ -192,7 +198,7 @@ def _stage_tables(
     allowed = (memory[:, None] <= usable[None, :]) & (capacity > 0)[None, :]
     elem = BYTES_PER_ELEMENT[training.precision]
     grad = gradient_wire_bytes(training)  # as the evaluator
-    dp = plan.dp
+    dp = plan.replicas
     params = np.array([stage_params_per_gpu(model, plan, s) for s in range(plan.pp)])
     sync = comm._RING_FACTOR["reduce_scatter" if plan.distributed_optimizer else "all_reduce"]
     gather_on = plan.distributed_optimizer and not training.overlap_param_gather
@@ -210,7 +216,8 @@ def _stage_tables(
     return {
         "allowed": allowed, "place_class": place_class, "class_forward": fwd_a,
         "class_backward": bwd_a, "class_optimizer": opt_a,
-        "exact": monotone and single and not plan.hybrid,  # HSDP: its groups are not modelled
+        # HSDP, context-parallel rings and expert all-to-alls: groups the masters do not model
+        "exact": monotone and single and not plan.hybrid and plan.cp == 1 and plan.ep == 1,
         "act_bytes": act / (plan.tp if plan.sequence_parallel else 1),
         # ring: factor (D-1)/D x bytes / slowest link (Patarasuk & Yuan 2009), as comm
         "ring_bytes": sync * (dp - 1) / dp * synced * grad,

@@ -140,12 +140,12 @@ class PlacementData:
         if self.place_domain is None:
             self.place_domain = self.place_node
         p = self.plan
-        self.xi = XIndex.make(self.hops, p.pp, p.dp > 1, self.tied, len(self.class_forward))
+        self.xi = XIndex.make(self.hops, p.pp, p.replicas > 1, self.tied, len(self.class_forward))
 
     # ------------------------------------------------------------ shapes
     @property
     def num_units(self) -> int:
-        return self.plan.pp * self.plan.dp
+        return self.plan.pp * self.plan.replicas
 
     @property
     def num_places(self) -> int:
@@ -167,7 +167,7 @@ class PlacementData:
         return bool(per_node.max(initial=0) >= 2)
 
     def stage_of(self, unit: int) -> int:
-        return unit // self.plan.dp
+        return unit // self.plan.replicas
 
     def edges(self) -> dict[str, list[tuple[int, int, int]]]:
         """Unit pairs ``(index, u, v)`` that exchange data, by family.
@@ -176,7 +176,7 @@ class PlacementData:
         stage (activations ``u -> v``, gradients ``v -> u``); ``ring``: index =
         stage, ``u -> v`` one link of the DP ring in replica order; ``emb``:
         first and last stage of a replica (both directions)."""
-        pp, dp = self.plan.pp, self.plan.dp
+        pp, dp = self.plan.pp, self.plan.replicas
         hop = [(s, s * dp + r, (s + 1) % pp * dp + r) for s in range(self.hops) for r in range(dp)]
         ring = [(s, s * dp + r, s * dp + (r + 1) % dp) for s in range(pp) for r in range(dp)]
         ring = ring if dp > 1 else []
@@ -209,7 +209,7 @@ class PlacementData:
                 raise InfeasibleError(f"place {p} holds more than its {self.capacity[p]} units")
             out[u] = self.slot_gpus[self.place_slots[p][used[p]]]
             used[p] += 1
-        return out.reshape(self.plan.pp, self.plan.dp, self.plan.tp)
+        return out.reshape(self.plan.pp, self.plan.replicas, self.plan.tp)
 
     def placement(self, assign: np.ndarray) -> tuple[tuple[int, ...], ...]:
         """``Plan.placement`` of an assignment."""
@@ -254,8 +254,8 @@ class PlacementData:
         xi, x = self.xi, np.zeros(self.xi.size)
         x[xi.hf] = inputs.fwd_hop_s[: self.hops]
         x[xi.hb] = inputs.bwd_hop_s[: self.hops]
-        if self.plan.dp > 1:
-            nodes = self.place_node[np.asarray(assign)].reshape(self.plan.pp, self.plan.dp)
+        if self.plan.replicas > 1:
+            nodes = self.place_node[np.asarray(assign)].reshape(self.plan.pp, self.plan.replicas)
             crosses = (nodes != np.roll(nodes, -1, axis=1)).any(axis=1)
             x[xi.cross] = crosses
             # ZeRO-2/3: the ring is one layer's reduce-scatter, else the step's gradient sync
@@ -300,7 +300,7 @@ class PlacementData:
             backward += w[rows] * (self.class_backward[c] - self.class_backward[c + 1])
             optimizer += w * (self.class_optimizer[c] - self.class_optimizer[c + 1])
         sync = gather = np.zeros(pp)
-        if plan.dp > 1:
+        if plan.replicas > 1:
             lat = self._ring_latency(x[xi.cross])
             sync = x[xi.ring] + self.sync_factor * lat
             gather = self.gather_ratio * x[xi.ring] + self.gather_factor * lat

@@ -85,7 +85,7 @@ def class_costs(data: PlacementData) -> list[tuple[int, np.ndarray, int, int]]:
             (int(xi.hf[s]), d.hop_cost(), s, (s + 1) % pp),
             (int(xi.hb[s]), bwd, s, (s + 1) % pp),
         ]
-    if d.plan.dp > 1:
+    if d.plan.replicas > 1:
         out += [(int(xi.ring[s]), d.ring_cost(s), s, s) for s in range(pp)]
     if xi.emb is not None:
         out.append((xi.emb, d.emb_cost(), 0, pp - 1))
@@ -149,7 +149,7 @@ def lower_x(data: PlacementData, upper: np.ndarray | None = None) -> np.ndarray:
     (counted with their capacity): the class maximum is at least the ``dp``-th
     smallest of those row minima (and of the column minima).  Pairs costlier than
     ``upper`` (a class's largest value in any improving placement) are left out."""
-    d, dp = data, data.plan.dp
+    d, dp = data, data.plan.replicas
     x = np.zeros(d.xi.size)
     for i, cost, a, b in class_costs(d):
         rows, cols = np.flatnonzero(d.allowed[a]), np.flatnonzero(d.allowed[b])
@@ -180,7 +180,7 @@ def two_level_floor_x(data: PlacementData) -> np.ndarray:
     of the cluster and the best ``L`` a node can hold."""
     x = lower_x(data)
     d, plan, cluster = data, data.plan, data.instance.cluster
-    dp = plan.dp
+    dp = plan.replicas
     if dp < 2 or not d.multi:
         return x
     bw, g = cluster.bandwidth_bytes_per_s, cluster.gpus_per_node

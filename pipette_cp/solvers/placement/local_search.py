@@ -80,7 +80,7 @@ def local_search(
     assign = np.array(assign, dtype=np.int64)
     score = _score(data, assign)
     used = np.bincount(assign, minlength=data.num_places)
-    stages = np.arange(data.num_units) // data.plan.dp
+    stages = np.arange(data.num_units) // data.plan.replicas
     while time.perf_counter() < deadline:
         if repair_only and score[0] == 0:
             break

@@ -118,7 +118,7 @@ class PlacementModel:
         costs = [d.hop_cost(), d.emb_cost()] + [d.ring_cost(s) for s in range(d.plan.pp)]
         finite = max(float(c[np.isfinite(c)].max(initial=0.0)) for c in costs)
         g = self.data.instance.cluster.gpus_per_node
-        return finite * g * max(d.plan.dp, 1) + 1.0
+        return finite * g * max(d.plan.replicas, 1) + 1.0
 
     def nodes_of(self, u: int) -> dict[int, list[Any]]:
         """Indicators of unit ``u`` being on each node, as lists of place literals."""
@@ -333,7 +333,7 @@ class PlacementModel:
         """``worse[s, c] >= [a unit of stage s on a place of class <= c]`` (ladder)."""
         d, xi = self.data, self.data.xi
         for (s, c), i in np.ndenumerate(xi.worse):
-            for u in range(s * d.plan.dp, (s + 1) * d.plan.dp):
+            for u in range(s * d.plan.replicas, (s + 1) * d.plan.replicas):
                 lits = [x for p, x in self.place[u].items() if d.place_class[p] <= c]
                 if lits:
                     terms = [(1, self.xvar[i])] + [(-1, x) for x in lits if not _const(x)]
@@ -350,7 +350,7 @@ class PlacementModel:
         index among stage 0's replicas.  With symmetric link costs the ring may also be
         reversed: then replica 1 is below replica dp - 1."""
         d = self.data
-        dp = d.plan.dp
+        dp = d.plan.replicas
         if dp < 2:
             return
 
@@ -372,7 +372,7 @@ class PlacementModel:
     def canonical(self, assign: np.ndarray) -> np.ndarray:
         """The assignment rotated (and reflected) to satisfy the symmetry breaking."""
         d = self.data
-        pp, dp = d.plan.pp, d.plan.dp
+        pp, dp = d.plan.pp, d.plan.replicas
         grid = np.asarray(assign).reshape(pp, dp)
         grid = np.roll(grid, -int(np.argmin(grid[0])), axis=1)
         if dp >= 3 and np.array_equal(d.inv_bw, d.inv_bw.T) and grid[0, 1] > grid[0, -1]:

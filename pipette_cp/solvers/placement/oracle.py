@@ -111,7 +111,7 @@ def brute_force_placement(
     InfeasibleError
         Every placement crosses a failed link or overflows a GPU's memory.
     """
-    units = plan.dp * plan.pp
+    units = plan.replicas * plan.pp
     if units > MAX_UNITS:
         raise SpecError("plan.dp*pp", units, f"the brute-force oracle takes <= {MAX_UNITS} units")
     if groups not in ("aligned", "any"):
@@ -126,7 +126,7 @@ def brute_force_placement(
         )  # fmt: skip
     evaluator = Evaluator(instance, dp_algorithm=dp_algorithm, validate=False)
     best: tuple[float, Plan | None] = (float("inf"), None)
-    for perm in _assignments(blocks, units, plan.dp, disjoint=groups == "any"):
+    for perm in _assignments(blocks, units, plan.replicas, disjoint=groups == "any"):
         candidate = plan.model_copy(update={"placement": tuple(blocks[i] for i in perm)})
         try:
             value = evaluator.iteration_time(candidate)

@@ -122,7 +122,7 @@ def master_size(data: PlacementData) -> int:
 def two_level_possible(data: PlacementData) -> bool:
     """Whether the Evaluator's ``best`` DP algorithm may differ from the ring: two
     replicas of one stage can share a node."""
-    return data.plan.dp > 1 and data.multi
+    return data.plan.replicas > 1 and data.multi
 
 
 class Seeder(Protocol):
@@ -156,7 +156,7 @@ class PlainSeeder:
         self, instance: Instance, plan: Plan, options: SolveOptions, sa_s: float
     ) -> list[Plan]:
         del instance, options, sa_s
-        default = megatron_placement(plan.dp, plan.pp, plan.tp)
+        default = megatron_placement(plan.replicas, plan.pp, plan.tp)
         plans = [plan.model_copy(update={"placement": default})]
         if plan.placement is not None and plan.placement != default:
             plans.append(plan)
@@ -168,7 +168,9 @@ class PlainSeeder:
 
     def first_layout(self, data: PlacementData, rng: np.random.Generator) -> np.ndarray | None:
         del rng
-        return data.assignment_of(megatron_placement(data.plan.dp, data.plan.pp, data.plan.tp))
+        return data.assignment_of(
+            megatron_placement(data.plan.replicas, data.plan.pp, data.plan.tp)
+        )
 
 
 def seed_assignments(

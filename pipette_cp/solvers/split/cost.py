@@ -313,7 +313,7 @@ def _tails(evaluator: Evaluator, plan: Plan, top: int) -> np.ndarray:
         return np.stack([x.dp_sync_s, x.param_gather_s, x.optimizer_s])
 
     ks = np.arange(top + 2)
-    if plan.dp == 1:
+    if plan.replicas == 1:
         # no DP traffic: only the optimizer step, linear in the parameters (HBM-bound)
         first, last = at(0), at(top + 1)
         return first[..., None] + (last - first)[..., None] * ks / (top + 1)
@@ -368,7 +368,7 @@ def split_cost(
     const = m1 - w * vpp - x
     # as check_memory_limit: the smallest usable memory among the stage's GPUs
     usable = [usable_memory_bytes(cluster.gpu_of_node(cluster.node_of(g)), training) for g in range(cluster.num_gpus)]  # fmt: skip
-    limits = np.array([min(usable[g] for d in range(plan.dp) for g in plan.unit_gpus(s, d)) for s in range(pp)])  # fmt: skip
+    limits = np.array([min(usable[g] for d in range(plan.replicas) for g in plan.unit_gpus(s, d)) for s in range(pp)])  # fmt: skip
     return SplitCost(
         num_layers=layers, pp=pp, vpp=vpp, base=one,
         forward_slope_s=f_slope, forward_const_s=one.forward_s - f_slope,

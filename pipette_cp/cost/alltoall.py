@@ -1,0 +1,133 @@
+"""The placement-dependent groups of context and expert parallelism, over the measured matrix.
+
+Three kinds of group sit inside each pipeline stage (:meth:`~pipette_cp.specs.plan.Plan.cp_groups`,
+:meth:`~pipette_cp.specs.plan.Plan.expert_groups`):
+
+- **context-parallel rings**: rank ``i`` of a ring passes key/value chunks to rank
+  ``i + 1`` (``cp - 1`` steps per attention); the stage's rings run at once, so the
+  stage runs at its slowest ring link, NIC shares included (:func:`cp_ring_bandwidths`);
+- **expert-parallel groups**: dispatch and combine are all-to-alls, every rank sending
+  the same bytes to every other rank of its group (uniform routing).  A rank's sends
+  inside its NVLink domain leave through its one NVLink port one after another (the sum
+  of ``bytes / B[i, j]``); its sends to other nodes run at once, each at ``B[i, j]`` or its
+  share of the node's NICs (all groups of all stages at once, as the pipeline's steady
+  state runs them); the rank finishes at the later of the two, the group with its
+  slowest rank (:func:`alltoall_times_s`);
+- **expert data-parallel rings**: the routed experts' gradients are reduced over the
+  ranks that hold the same experts (``expert_dp`` of them), apart from the dense
+  gradients' rings (:func:`expert_dp_rings`).
+
+Every array here holds positions in the flat placement (``stage * replicas * tp +
+replica * tp + tp_rank``), built once per layout; a placement turns them into GPU ids
+with one gather.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from pipette_cp.cost import comm
+from pipette_cp.specs.cluster import ClusterSpec
+from pipette_cp.specs.plan import Plan
+
+
+class GroupFlows(NamedTuple):
+    """The links of a layout's context-parallel rings and expert groups (positions)."""
+
+    cp_src: np.ndarray  # (pp, rings * cp): ring link i -> i + 1
+    cp_dst: np.ndarray
+    ep_src: np.ndarray  # (pp, groups, ep, ep - 1): every ordered pair of a group
+    ep_dst: np.ndarray
+    edp_rings: np.ndarray  # (pp * groups, expert_dp): expert data-parallel rings
+
+
+def group_flows(plan: Plan) -> GroupFlows:
+    """The positions of every context-parallel ring link, expert all-to-all pair and
+    expert data-parallel ring of ``plan`` (read-only; empty where the degree is 1)."""
+    pp, per_stage = plan.pp, plan.replicas * plan.tp
+    base = (np.arange(pp) * per_stage)[:, None, None]
+    cp = np.asarray(plan.cp_groups(), dtype=np.int64).reshape(-1, plan.cp)
+    cp_src = (base + cp[None]).reshape(pp, -1)
+    cp_dst = (base + np.roll(cp, -1, axis=1)[None]).reshape(pp, -1)
+    if plan.cp == 1:
+        cp_src = cp_dst = cp_src[:, :0]
+    ep = plan.ep
+    groups = np.asarray(plan.expert_groups(), dtype=np.int64).reshape(-1, ep)
+    peer = (np.arange(ep)[:, None] + 1 + np.arange(ep - 1)[None, :]) % ep  # (ep, ep - 1)
+    src = np.broadcast_to(groups[:, :, None], (*groups.shape, ep - 1))
+    dst = groups[:, peer]
+    ep_src = base[..., None] + src[None]
+    ep_dst = base[..., None] + dst[None]
+    # expert data-parallel ring: the ranks of one (etp rank, ep rank) across edp ranks
+    edp = np.asarray(plan.expert_groups(), dtype=np.int64).reshape(
+        plan.expert_dp, plan.expert_tp, ep
+    )
+    rings = edp.transpose(1, 2, 0).reshape(-1, plan.expert_dp)
+    edp_rings = (base.reshape(pp, 1, 1) + rings[None]).reshape(-1, plan.expert_dp)
+    out = GroupFlows(cp_src, cp_dst, ep_src, ep_dst, edp_rings)
+    for a in out:
+        a.flags.writeable = False
+    return out
+
+
+def cp_ring_bandwidths(
+    fabric: comm.Fabric, flat: np.ndarray, f: GroupFlows
+) -> tuple[np.ndarray, np.ndarray]:
+    """(bandwidth, latency) of each stage's slowest context-parallel ring link, the
+    rings of all stages at once sharing the NICs; :class:`~pipette_cp.errors.InfeasibleError`
+    for a failed pair."""
+    pp = f.cp_src.shape[0]
+    if not f.cp_src.size:
+        return np.zeros(pp), np.zeros(pp)
+    src, dst = flat[f.cp_src.ravel()], flat[f.cp_dst.ravel()]
+    comm.check_links(fabric, src, dst, "a context-parallel ring")
+    bw, lat = comm.shared_nic_flows(fabric, src, dst)
+    return bw.reshape(pp, -1).min(axis=1), lat.reshape(pp, -1).max(axis=1)
+
+
+def alltoall_times_s(
+    fabric: comm.Fabric, flat: np.ndarray, f: GroupFlows, nbytes: float
+) -> np.ndarray:
+    """Each stage's time of one all-to-all (dispatch or combine) over its expert groups,
+    ``nbytes`` from every rank to every other rank of its group, s (see the module
+    docstring; zeros with ep = 1).  The NIC shares are
+    :func:`~pipette_cp.cost.comm.shared_nic_flows`' (all flows at once), computed here on
+    the flows that leave their NVLink domain only (the hot path of expert layouts)."""
+    pp = f.ep_src.shape[0]
+    if f.ep_src.shape[-1] == 0 or nbytes <= 0:
+        return np.zeros(pp)
+    src, dst = flat[f.ep_src], flat[f.ep_dst]
+    bw = fabric.flat_bandwidth[src * fabric.num_gpus + dst]
+    if not bw.all():
+        comm.check_links(fabric, src, dst, "an expert-parallel all-to-all")
+    remote = fabric.domain_of[src] != fabric.domain_of[dst]
+    latency = np.full(remote.shape[:-1], fabric.intra_node_latency_s)
+    if remote.any():
+        out_node, in_node = fabric.node_of[src[remote]], fabric.node_of[dst[remote]]
+        k_out = np.bincount(out_node, minlength=fabric.num_nodes)
+        k_in = np.bincount(in_node, minlength=fabric.num_nodes)
+        share = fabric.nic_capacity_bytes_per_s / np.maximum(k_out[out_node], k_in[in_node])
+        bw = bw.astype(float, copy=True)
+        bw[remote] = np.minimum(bw[remote], share)
+        latency[remote.any(axis=-1)] = fabric.inter_node_latency_s
+    if fabric.domain_of is not fabric.node_of:  # inside a domain, across its trays
+        across = (fabric.node_of[src] != fabric.node_of[dst]).any(axis=-1)
+        latency[across] = fabric.inter_node_latency_s
+    t = nbytes / bw
+    serial = np.where(remote, 0.0, t).sum(axis=-1)  # one NVLink port, one send after another
+    parallel = np.where(remote, t, 0.0).max(axis=-1)  # through the NICs, all at once
+    return (np.maximum(serial, parallel) + latency).reshape(pp, -1).max(axis=1)
+
+
+def expert_dp_rings(flat: np.ndarray, f: GroupFlows) -> np.ndarray:
+    """The GPUs of every expert data-parallel ring, (pp * rings, expert_dp)."""
+    return flat[f.edp_rings]
+
+
+def fastest_link_bytes_per_s(cluster: ClusterSpec) -> float:
+    """The cluster's fastest GPU pair, bytes/s: where a context-parallel ring could run
+    at best (what placement-free lower bounds assume)."""
+    bandwidth = cluster.bandwidth_bytes_per_s
+    return float(bandwidth.max()) if bandwidth.size > 1 else 1.0

@@ -1,0 +1,122 @@
+"""The :class:`~pipette_cp.cost.evaluate.Evaluator`'s costs of the expert groups.
+
+Per MoE layer and micro-batch the forward pass runs two all-to-alls (dispatch and
+combine), the backward pass two more (their gradients), full recomputation two more
+again; none is overlapped (Megatron-Core's alltoall dispatcher without
+``--overlap-moe-expert-parallel-comm``).  Their time per stage comes from the
+placement (:func:`~pipette_cp.cost.alltoall.alltoall_times_s`) and is added to every
+virtual stage in proportion to its MoE layers.  The routed experts' gradients are
+reduced over the expert data-parallel rings when those differ from the dense ones
+(``ep > 1`` or ``etp != tp``), after the dense gradients (one stream).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from pipette_cp.cost import comm
+from pipette_cp.cost.alltoall import GroupFlows, alltoall_times_s, expert_dp_rings
+from pipette_cp.cost.dp_collectives import gradient_wire_bytes
+from pipette_cp.cost.layout_check import num_micro_batches
+from pipette_cp.cost.moe import dispatch_bytes, moe_layers_by_chunk, rank_tokens
+from pipette_cp.cost.parameters import stage_param_split
+from pipette_cp.specs.instance import Instance
+from pipette_cp.specs.plan import Plan
+from pipette_cp.units import BYTES_PER_ELEMENT
+
+
+def expert_rings_apart(plan: Plan) -> bool:
+    """Whether the experts' gradients are reduced over other rings than the dense ones."""
+    return plan.ep > 1 or plan.expert_tp != plan.tp
+
+
+def alltoalls_per_layer(plan: Plan) -> tuple[float, float]:
+    """(forward, backward) all-to-alls per MoE layer and micro-batch."""
+    return 2.0, 4.0 if plan.recompute == "full" else 2.0
+
+
+def peer_bytes(instance: Instance, plan: Plan) -> float:
+    """Bytes one GPU sends to each other rank of its expert group per all-to-all: its
+    share of its routed copies (alltoall), or all its tokens (allgather dispatcher)."""
+    model, training = instance.model, instance.training
+    if training.moe_token_dispatcher == "allgather":
+        elem = BYTES_PER_ELEMENT[training.precision]
+        return rank_tokens(training, plan) * model.hidden_size * elem
+    return dispatch_bytes(model, training, plan)
+
+
+class GroupCosts:
+    """Mixin of the evaluator: the placement-dependent costs of expert groups."""
+
+    instance: Instance
+    fabric: comm.Fabric
+    dp_algorithm: comm.Algorithm
+    _cached: Callable[[tuple, Callable[[], Any]], Any]
+
+    def _with_alltoall(
+        self, plan: Plan, key: tuple, stages: Any, flat: np.ndarray, groups: GroupFlows
+    ) -> Any:
+        """``stages`` with every virtual stage's all-to-alls added (``busy_ep_s``: the
+        busiest stage's share)."""
+        inst = self.instance
+        a2a = alltoall_times_s(self.fabric, flat, groups, peer_bytes(inst, plan))
+        moe = self._cached(("moe layers", key), lambda: moe_layers_by_chunk(inst.model, plan))
+        per_layer = a2a[np.arange(plan.pp * plan.vpp) % plan.pp] * moe
+        n_fwd, n_bwd = alltoalls_per_layer(plan)
+        forward = stages.forward_s + n_fwd * per_layer
+        backward = stages.backward_s + n_bwd * per_layer
+        m = num_micro_batches(inst, plan)
+        busy = m * (forward + backward).reshape(plan.vpp, -1).sum(axis=0)
+        ep = m * ((n_fwd + n_bwd) * per_layer).reshape(plan.vpp, -1).sum(axis=0)
+        top = int(np.argmax(busy))
+        for array in (forward, backward):
+            array.flags.writeable = False
+        return stages._replace(
+            forward_s=forward, backward_s=backward, busy_s=float(busy[top]),
+            busy_ep_s=float(ep[top]),
+        )  # fmt: skip
+
+    def _split(self, plan: Plan, key: tuple) -> np.ndarray:
+        """(pp, 2): dense and routed-expert parameters per GPU of every stage (cached)."""
+        model = self.instance.model
+
+        def make() -> np.ndarray:
+            out = np.array([stage_param_split(model, plan, s) for s in range(plan.pp)])
+            out.flags.writeable = False
+            return out
+
+        return self._cached(("split", key), make)
+
+    def _dense_synced(self, plan: Plan, key: tuple, params: np.ndarray) -> np.ndarray:
+        """Parameters per GPU of every stage that the dense DP rings reduce: all of them,
+        or the dense ones where the experts have rings of their own."""
+        if not (self.instance.model.is_moe and expert_rings_apart(plan)):
+            return params
+        return self._split(plan, key)[:, 0].copy()
+
+    def _expert_sync(
+        self, plan: Plan, key: tuple, flat: np.ndarray, groups: GroupFlows
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each stage's expert gradient sync and (distributed optimizer) parameter gather
+        over its expert data-parallel rings, all stages at once, s."""
+        pp, training = plan.pp, self.instance.training
+        zeros = np.zeros(pp)
+        if plan.expert_dp <= 1 or not self.instance.model.is_moe:
+            return zeros, zeros
+        rings = expert_dp_rings(flat, groups)
+        per = rings.shape[0] // pp
+        experts = np.repeat(self._split(plan, key)[:, 1], per)
+        grad, elem = gradient_wire_bytes(training), float(BYTES_PER_ELEMENT[training.precision])
+        what = "an expert data-parallel gradient sync"
+
+        def run(op: comm.Collective, nbytes: np.ndarray) -> np.ndarray:
+            t = comm.collective_times_s(self.fabric, rings, nbytes, op, self.dp_algorithm, what)
+            return t.reshape(pp, per).max(axis=1)
+
+        if not plan.distributed_optimizer:
+            return run("all_reduce", experts * grad), zeros
+        gather = zeros if training.overlap_param_gather else run("all_gather", experts * elem)
+        return run("reduce_scatter", experts * grad), gather

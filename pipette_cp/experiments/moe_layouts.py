@@ -1,0 +1,146 @@
+"""Expert and context parallelism: predict speed, and the search on a degraded H100 cluster.
+
+``python -m pipette_cp.experiments.moe_layouts [--part 1|2]``
+
+1. ``predict`` time per layout of mixture-of-experts layouts (Qwen3-235B-A22B, ep up
+   to 64, with and without cp) on generated H100 (G2) clusters of 256 and 1,024 GPUs: the
+   mean of :meth:`~pipette_cp.cost.evaluate.Evaluator.iteration_time` over repeated
+   calls after a warm-up (the search's hot path; the first call of a layout also
+   builds its cached tables, reported apart).
+2. The default search (cpsat, default budget) on the bundled
+   ``qwen3-235b-a22b-g3h100-256`` instance; the returned plan against Megatron's
+   default rank order of the same layout and split (on the hostfile order, and the
+   fastest of 64 seeded whole-node permutations that avoids the failed pairs), with
+   the slowest expert all-to-all flow of each (why one is faster), and the search's
+   pruning counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipette_cp.clusters.generators import generate
+from pipette_cp.cost.alltoall import group_flows
+from pipette_cp.cost.comm import shared_nic_flows
+from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.errors import PipetteError
+from pipette_cp.io.instance_file import load_instance
+from pipette_cp.io.model_file import load_model
+from pipette_cp.search import search
+from pipette_cp.specs import Instance, Plan, TrainingSpec
+from pipette_cp.specs.layouts import make_plan, megatron_placement
+
+INSTANCE = Path(__file__).resolve().parents[2] / "instances" / "qwen3-235b-a22b-g3h100-256.yaml"
+
+#: (GPUs, dp, pp, tp, cp, ep, etp) of part 1
+SPEED_LAYOUTS = (
+    (256, 4, 16, 4, 1, 8, 1), (256, 8, 8, 2, 2, 16, 1), (256, 32, 8, 1, 1, 32, None),
+    (1024, 16, 16, 4, 1, 16, 1), (1024, 32, 8, 2, 2, 64, 1), (1024, 64, 16, 1, 1, 64, None),
+)  # fmt: skip
+
+
+def predict_speed(repeat: int = 200) -> list[tuple[str, int, float, float]]:
+    """(layout, GPUs, first call ms, mean ms per call) of every :data:`SPEED_LAYOUTS`."""
+    model = load_model("qwen3-235b-a22b")
+    out = []
+    for gpus, dp, pp, tp, cp, ep, etp in SPEED_LAYOUTS:
+        cluster = generate("h100-multileaf", nodes=gpus // 8, seed=1)
+        training = TrainingSpec(global_batch_size=2048, seq_length=8192 if cp > 1 else 4096)
+        inst = Instance(name="speed", model=model, cluster=cluster, training=training)
+        plan = make_plan(num_layers=model.num_layers, dp=dp, pp=pp, tp=tp, cp=cp, ep=ep,
+                         etp=etp, micro_batch_size=1, sequence_parallel=tp > 1)  # fmt: skip
+        ev = Evaluator(inst)
+        t0 = time.perf_counter()
+        ev.iteration_time(plan)
+        first = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            ev.iteration_time(plan)
+        out.append((plan.layout(), gpus, first * 1e3, (time.perf_counter() - t0) / repeat * 1e3))
+    return out
+
+
+def slowest_expert_link(inst: Instance, plan: Plan) -> tuple[float, int]:
+    """(bandwidth of the slowest all-to-all flow with NIC shares, GB/s; number of flows
+    that leave their node) of ``plan``'s expert groups."""
+    ev = Evaluator(inst)
+    flat = np.array([g for unit in plan.placement for g in unit], dtype=np.int64)
+    f = group_flows(plan)
+    src, dst = flat[f.ep_src.ravel()], flat[f.ep_dst.ravel()]
+    bw, _ = shared_nic_flows(ev.fabric, src, dst)
+    cross = int((ev.fabric.node_of[src] != ev.fabric.node_of[dst]).sum())
+    return float(bw.min()) / 1e9, cross
+
+
+def node_permuted_orders(
+    inst: Instance, plan: Plan, tries: int = 64, seed: int = 0
+) -> tuple[Plan | None, float, int]:
+    """Megatron's rank order of ``plan`` on the hostfile order and on ``tries`` random
+    whole-node permutations of it (what a user does to dodge failed nodes): the fastest
+    that runs, its time, and how many hit a failed pair."""
+    ev = Evaluator(inst)
+    g, nodes = inst.cluster.gpus_per_node, inst.cluster.num_nodes
+    base = np.array(megatron_placement(plan.replicas, plan.pp, plan.tp))
+    rng = np.random.default_rng(seed)
+    best, best_t, failed = None, float("inf"), 0
+    for i in range(tries + 1):
+        order = np.arange(nodes) if i == 0 else rng.permutation(nodes)
+        gpus = order[base // g] * g + base % g
+        candidate = plan.model_copy(update={"placement": tuple(map(tuple, gpus.tolist()))})
+        try:
+            t = ev.iteration_time(candidate)
+        except PipetteError:
+            failed += 1
+            continue
+        if t < best_t:
+            best, best_t = candidate, t
+    return best, best_t, failed
+
+
+def search_part() -> None:
+    inst = load_instance(INSTANCE)
+    t0 = time.perf_counter()
+    result = search(inst)
+    wall = time.perf_counter() - t0
+    best = result.plans[0]
+    ev = Evaluator(inst)
+    ours = ev.evaluate(best)
+    s = result.stats
+    print(f"search: {wall:.1f} s, {s.layouts} layouts, {s.pruned_memory} never fit, "
+          f"{s.skipped_budget} over budget, {s.solved} solved")  # fmt: skip
+    print(f"best: {best.layout()}  {ours.iteration_time_s:.3f} s  fits={ours.fits} "
+          f"memory {ours.memory_bytes_max / 2**30:.1f} GiB")  # fmt: skip
+    default, t_default, failed = node_permuted_orders(inst, best)
+    print(f"Megatron's order, same layout and split, hostfile order and 64 node permutations: "
+          f"{failed} of 65 cross a failed pair")  # fmt: skip
+    rows = [("cpsat", best, ours)]
+    if default is not None:
+        theirs = ev.evaluate(default)
+        rows.append(("megatron", default, theirs))
+        print(f"  fastest that runs: {t_default:.3f} s; cpsat is "
+              f"{t_default / ours.iteration_time_s:.3f}x faster")  # fmt: skip
+    for name, plan, e in rows:
+        low, cross = slowest_expert_link(inst, plan) if plan.ep > 1 else (float("nan"), 0)
+        parts = ", ".join(f"{k} {v:.3f}" for k, v in e.breakdown_s.items() if v > 1e-4)
+        print(f"  {name}: slowest expert flow {low:.1f} GB/s, {cross} cross-node flows; {parts}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", type=int, choices=(1, 2))
+    args = parser.parse_args(argv)
+    if args.part in (None, 1):
+        print("part 1: predict time per MoE layout")
+        for layout, gpus, first, mean in predict_speed():
+            print(f"  {gpus:5d} GPUs  {layout:36s} first {first:7.2f} ms  then {mean:6.3f} ms")
+    if args.part in (None, 2):
+        print("part 2: default search on", INSTANCE.stem)
+        search_part()
+
+
+if __name__ == "__main__":
+    main()
