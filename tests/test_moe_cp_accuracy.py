@@ -15,6 +15,7 @@ from pipette_cp.experiments.moe_cp_setup import (
     MOE_CP_CSV,
     Skip,
     dropless_pairs,
+    is_fp8_row,
     megatron_flops_per_token,
     moe_cp_setup,
     pair_rows,
@@ -117,7 +118,7 @@ def test_dropless_pairs_slow_down_with_the_imbalance() -> None:
 def test_fit_shortcut_matches_the_setup_parameter() -> None:
     """The fit varies the Grok-1 FP8 efficiency on a copy of the training; the same as
     rebuilding the row with it."""
-    row = next(r for _, r, _ in selected_rows() if "Grok" in r["model_name"] and "fp8" in r["notes"])
+    row = next(r for _, r, _ in selected_rows() if "Grok" in r["model_name"] and is_fp8_row(r))
     rebuilt = moe_cp_setup(row, fp8_moe_efficiency=0.8)
     base = moe_cp_setup(row)
     framework = FrameworkProfile(name="nemo", compute_efficiency=0.8)

@@ -6,8 +6,10 @@ row with context parallelism (cp > 1) of ``published_runs_moe_cp.csv``
 the :class:`~pipette_cp.cost.evaluate.Evaluator` and prints the step-time MAPE per group
 (MoE rows, CP rows; a row with both is in both), precision (FP8 flagged) and side of
 :func:`~pipette_cp.experiments.calibration_split.assign_split`, per source family, every
-row (layout, measured, predicted, error, where the predicted time goes), the rows skipped
-and why, and predicted vs measured peak memory of the torchtitan rows with cp > 1.
+row (layout, measured, predicted, error, where the predicted time goes, and the share of
+it the fused attention takes: what halving its speed adds), the rows skipped and why, the
+error of the cp = 1 rows of the torchtitan long-context sweeps beside their cp > 1 rows,
+and predicted vs measured peak memory of the torchtitan rows with cp > 1.
 ``--fit`` fits two parameters on the fit side only and prints them with the held-out
 errors (:func:`fit_parameters`): the MoE load imbalance of dropless routing
 (``TrainingSpec.moe_load_imbalance``, on the forced-balance / dropless throughput pairs of
@@ -114,6 +116,7 @@ class RowResult:
 
     index: int
     family: str
+    gpu: str
     side: str
     moe: bool
     cp: int
@@ -165,8 +168,9 @@ def evaluate_row(
         "attention_efficiency": 0.5 * resolve_framework(framework).attention_efficiency,
     })  # fmt: skip
     halved = Evaluator(with_training(st.instance, framework=slow)).iteration_time(st.plan)
+    gpu = next(iter(st.instance.cluster.gpu_types)).split("-")[0]
     return RowResult(
-        index, st.family, side, is_moe_row(row), row_cp(row), st.fp8, st.name,
+        index, st.family, gpu, side, is_moe_row(row), row_cp(row), st.fp8, st.name,
         st.plan.layout(), st.measured_from, st.measured_step_s, total, ev.fits,
         tuple(ev.breakdown_s[k] / total for k in SHARES), halved / total - 1.0,
         st.measured_mem_gib, ev.memory_bytes_max / GiB,
@@ -252,14 +256,14 @@ def format_summary(results: list[RowResult]) -> list[str]:
                         and side in ("both", r.side)]  # fmt: skip
                 if cell:
                     lines.append(f"{group:5s} {prec:9s} {side:8s} {_cell(cell)}")
-    lines.append(f"\n{'family':12s} {'precision':9s} {'side':8s} {_HEAD}")
-    for fam in sorted({r.family for r in results}):
+    lines.append(f"\n{'family / GPU':20s} {'precision':9s} {'side':8s} {_HEAD}")
+    for fam, gpu in sorted({(r.family, r.gpu) for r in results}):
         for prec in ("bf16", "FP8"):
             for side in (FIT, HELD_OUT):
-                cell = [r for r in results if (r.family, r.side) == (fam, side)
+                cell = [r for r in results if (r.family, r.gpu, r.side) == (fam, gpu, side)
                         and r.fp8 == (prec == "FP8")]  # fmt: skip
                 if cell:
-                    lines.append(f"{fam:12s} {prec:9s} {side:8s} {_cell(cell)}")
+                    lines.append(f"{fam + ' / ' + gpu:20s} {prec:9s} {side:8s} {_cell(cell)}")
     return lines
 
 
