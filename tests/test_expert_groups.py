@@ -254,3 +254,25 @@ def test_the_bundled_moe_instance_gets_a_fitting_expert_parallel_plan():
     assert plan.ep == 8 and plan.evaluation is not None and plan.evaluation.fits
     assert check_plan(inst, plan) == []
     assert plan.solve_info is not None and plan.solve_info.status != "optimal"
+
+
+def test_regrouping_the_replicas_finds_the_best_expert_groups_of_a_tiny_case():
+    import time
+
+    from pipette_cp.solvers.placement.regroup import regroup_replicas
+
+    inst = _instance(_moe_model(num_experts=6, moe_top_k=2), _cluster(nodes=2, gpus=3), gbs=12)
+    ev = Evaluator(inst)
+    plan = make_plan(num_layers=4, dp=6, pp=1, tp=1, ep=3, micro_batch_size=1,
+                     placement=tuple((g,) for g in (0, 3, 1, 4, 2, 5)))  # fmt: skip
+    # oracle: every renumbering of the 6 replicas
+    times = [
+        ev.iteration_time(plan.model_copy(update={"placement": tuple((g,) for g in order)}))
+        for order in itertools.permutations((0, 3, 1, 4, 2, 5))
+    ]
+    found, t = regroup_replicas(ev, plan, time.perf_counter() + 60)
+    assert t == pytest.approx(min(times), rel=1e-12)
+    assert t == pytest.approx(ev.iteration_time(found), rel=1e-12)
+    assert t < ev.iteration_time(plan)  # both groups end inside one node each
+    groups = [{found.placement[r][0] // 3 for r in g} for g in ([0, 1, 2], [3, 4, 5])]
+    assert all(len(nodes) == 1 for nodes in groups)

@@ -89,6 +89,7 @@ from pipette_cp.solvers.placement.kelley import (
 from pipette_cp.solvers.placement.lns import lns
 from pipette_cp.solvers.placement.local_search import failed_flows, local_search
 from pipette_cp.solvers.placement.milp import MilpBackend
+from pipette_cp.solvers.placement.regroup import regroup_replicas
 from pipette_cp.specs import Instance, Plan, SolveInfo
 from pipette_cp.specs.layouts import megatron_placement
 
@@ -103,6 +104,9 @@ EXACT_SIZE_MILP = 4_000
 SEED_SHARE = 0.1
 #: Time kept at the end for re-scoring (s; at most 5 % of the limit).
 FINISH_RESERVE_S = 1.0
+#: Share of a placement solve that chooses the expert groups and context-parallel rings
+#: of a plan with ep or cp above 1 (:mod:`pipette_cp.solvers.placement.regroup`).
+REGROUP_SHARE = 0.3
 #: Random seed placements tried.
 RANDOM_SEEDS = 16
 #: Cuts added up front at the best seeds (and half-way to the lower bound).
@@ -253,8 +257,11 @@ def solve_placement(
     started = time.perf_counter()
     if plan.hybrid:
         return _hybrid_placement(instance, plan, options, backend, dp_algorithm, seeder, started)
-    # keep a little of the budget for re-scoring the result and the hints
-    deadline = started + options.time_limit_s - min(FINISH_RESERVE_S, 0.05 * options.time_limit_s)
+    # keep a little of the budget for re-scoring the result and the hints, and with
+    # expert groups or context-parallel rings a share for choosing them (regroup)
+    end = started + options.time_limit_s - min(FINISH_RESERVE_S, 0.05 * options.time_limit_s)
+    grouped = plan.cp > 1 or plan.ep > 1
+    deadline = end - (REGROUP_SHARE * options.time_limit_s if grouped else 0.0)
     data = build_placement_data(instance, plan, constraints=options.constraints,
                                 aligned=bool(aligned))  # fmt: skip
     if not data.allowed.any(axis=1).all():
@@ -300,7 +307,24 @@ def solve_placement(
     # where the two-level all-reduce may win, the bound is the analytic floor of both
     if data.exact and dp_algorithm != "ring" and two_level_possible(data):
         bound = data.total_time_s(two_level_floor_x(data))
-    return _finish(scorer, plan, data, best, bound if data.exact else None, plans, backend, started)
+    solved = _finish(
+        scorer, plan, data, best, bound if data.exact else None, plans, backend, started
+    )
+    if not grouped:
+        return solved
+    regrouped, objective = regroup_replicas(scorer, solved, end, options.seed)
+    if (
+        regrouped is solved
+        or check_plan(instance, regrouped)
+        or family_violations(options.constraints, instance, regrouped)
+    ):
+        return solved
+    info = solved.solve_info
+    assert info is not None
+    gap = None if info.bound is None else max(objective - info.bound, 0.0) / objective
+    info = info.model_copy(update={"objective": objective, "gap": gap,
+                                   "wall_time_s": time.perf_counter() - started})  # fmt: skip
+    return regrouped.model_copy(update={"solve_info": info})
 
 
 def _hybrid_placement(
