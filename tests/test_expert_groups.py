@@ -276,3 +276,21 @@ def test_regrouping_the_replicas_finds_the_best_expert_groups_of_a_tiny_case():
     assert t < ev.iteration_time(plan)  # both groups end inside one node each
     groups = [{found.placement[r][0] // 3 for r in g} for g in ([0, 1, 2], [3, 4, 5])]
     assert all(len(nodes) == 1 for nodes in groups)
+
+
+@pytest.mark.parametrize(
+    ("experts", "top_k", "nodes"), [(8, 2, 2), (16, 4, 4), (12, 3, 3), (8, 1, 4)]
+)
+def test_node_dedup_factor_matches_enumerating_every_routing(experts, top_k, nodes):
+    from pipette_cp.cost.alltoall import node_dedup_factor
+
+    node_of = [e * nodes // experts for e in range(experts)]  # experts spread evenly
+    distinct = copies = 0
+    picks = list(itertools.combinations(range(experts), top_k))
+    for pick in picks:  # a token on node 0
+        remote = [node_of[e] for e in pick if node_of[e] != 0]
+        distinct += len(set(remote))
+        copies += len(remote)
+    want = distinct / copies
+    assert float(node_dedup_factor(experts, top_k, np.array([nodes]))[0]) == pytest.approx(want)
+    assert float(node_dedup_factor(experts, top_k, np.array([1]))[0]) == 1.0

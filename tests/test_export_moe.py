@@ -454,3 +454,12 @@ def test_cli_export_of_a_moe_plan_today(tmp_path: Path) -> None:
         return
     assert result.exit_code == 0, result.output
     assert "--num-experts 8" in result.output
+
+
+def test_flex_dispatcher_names_its_deepep_backend() -> None:
+    training = MIXTRAL.training.model_copy(update={"moe_token_dispatcher": "flex"})
+    instance = MIXTRAL.model_copy(update={"training": training})
+    given = _given(instance, MIXTRAL_PLAN)
+    assert given["moe_token_dispatcher_type"] == "flex"
+    assert given["moe_flex_dispatcher_backend"] == "deepep"
+    check_flags(instance, MIXTRAL_PLAN)

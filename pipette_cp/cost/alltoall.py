@@ -87,12 +87,36 @@ def cp_ring_bandwidths(
     return bw.reshape(pp, -1).min(axis=1), lat.reshape(pp, -1).max(axis=1)
 
 
+def node_dedup_factor(num_experts: int, top_k: int, nodes: np.ndarray) -> np.ndarray:
+    """Bytes a node-deduplicating dispatcher (DeepEP) sends to other nodes, as a fraction
+    of the plain all-to-all's, for groups spread evenly over ``nodes`` nodes: a token's
+    ``top_k`` experts, drawn without replacement from ``num_experts`` split evenly over
+    the nodes, reach ``(n - 1) (1 - C(E - E/n, k) / C(E, k))`` other nodes on average
+    where the plain all-to-all sends ``k (n - 1) / n`` copies there (1 where n = 1)."""
+    n = np.maximum(np.asarray(nodes, dtype=float), 1.0)
+    others = num_experts - num_experts / n  # experts on the other nodes
+    miss = np.ones_like(n)  # probability that no pick lands on a given node
+    for i in range(top_k):
+        miss *= np.clip((others - i) / (num_experts - i), 0.0, 1.0)
+    copies = top_k * (n - 1) / n
+    return np.where(n > 1, (n - 1) * (1 - miss) / np.where(n > 1, copies, 1.0), 1.0)
+
+
+def group_nodes(fabric: comm.Fabric, flat: np.ndarray, f: GroupFlows) -> np.ndarray:
+    """Distinct nodes of every expert group, (pp, groups)."""
+    members = np.sort(fabric.node_of[flat[f.ep_src[..., 0]]], axis=-1)
+    return 1 + (np.diff(members, axis=-1) != 0).sum(axis=-1)
+
+
 def alltoall_times_s(
-    fabric: comm.Fabric, flat: np.ndarray, f: GroupFlows, nbytes: float
-) -> np.ndarray:
+    fabric: comm.Fabric, flat: np.ndarray, f: GroupFlows, nbytes: float,
+    remote_scale: np.ndarray | float = 1.0,
+) -> np.ndarray:  # fmt: skip
     """Each stage's time of one all-to-all (dispatch or combine) over its expert groups,
     ``nbytes`` from every rank to every other rank of its group, s (see the module
-    docstring; zeros with ep = 1).  The NIC shares are
+    docstring; zeros with ep = 1); ``remote_scale`` (per group, (pp, groups), or one
+    number) scales the bytes of the flows that leave their NVLink domain (a
+    deduplicating dispatcher, :func:`node_dedup_factor`).  The NIC shares are
     :func:`~pipette_cp.cost.comm.shared_nic_flows`' (all flows at once), computed here on
     the flows that leave their NVLink domain only (the hot path of expert layouts)."""
     pp = f.ep_src.shape[0]
@@ -116,6 +140,9 @@ def alltoall_times_s(
         across = (fabric.node_of[src] != fabric.node_of[dst]).any(axis=-1)
         latency[across] = fabric.inter_node_latency_s
     t = nbytes / bw
+    if not np.isscalar(remote_scale) or remote_scale != 1.0:
+        scale = np.broadcast_to(np.asarray(remote_scale, dtype=float)[..., None, None], t.shape)
+        t = np.where(remote, t * scale, t)
     serial = np.where(remote, 0.0, t).sum(axis=-1)  # one NVLink port, one send after another
     parallel = np.where(remote, t, 0.0).max(axis=-1)  # through the NICs, all at once
     return (np.maximum(serial, parallel) + latency).reshape(pp, -1).max(axis=1)

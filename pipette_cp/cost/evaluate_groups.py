@@ -7,7 +7,9 @@ again; none is overlapped (Megatron-Core's alltoall dispatcher without
 placement (:func:`~pipette_cp.cost.alltoall.alltoall_times_s`) and is added to every
 virtual stage in proportion to its MoE layers.  The routed experts' gradients are
 reduced over the expert data-parallel rings when those differ from the dense ones
-(``ep > 1`` or ``etp != tp``), after the dense gradients (one stream).
+(``ep > 1`` or ``etp != tp``), after the dense gradients (one stream).  The flex
+dispatcher (DeepEP) sends a token once to every other node that holds one of its
+experts (:func:`~pipette_cp.cost.alltoall.node_dedup_factor`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ from typing import Any
 import numpy as np
 
 from pipette_cp.cost import comm
-from pipette_cp.cost.alltoall import GroupFlows, alltoall_times_s, expert_dp_rings
+from pipette_cp.cost.alltoall import (
+    GroupFlows,
+    alltoall_times_s,
+    expert_dp_rings,
+    group_nodes,
+    node_dedup_factor,
+)
 from pipette_cp.cost.dp_collectives import gradient_wire_bytes
 from pipette_cp.cost.layout_check import num_micro_batches
 from pipette_cp.cost.moe import dispatch_bytes, moe_layers_by_chunk, rank_tokens
@@ -62,7 +70,11 @@ class GroupCosts:
         """``stages`` with every virtual stage's all-to-alls added (``busy_ep_s``: the
         busiest stage's share)."""
         inst = self.instance
-        a2a = alltoall_times_s(self.fabric, flat, groups, peer_bytes(inst, plan))
+        scale: np.ndarray | float = 1.0
+        if inst.training.moe_token_dispatcher == "flex":  # DeepEP: once per remote node
+            nodes = group_nodes(self.fabric, flat, groups)
+            scale = node_dedup_factor(inst.model.num_experts, inst.model.moe_top_k, nodes)
+        a2a = alltoall_times_s(self.fabric, flat, groups, peer_bytes(inst, plan), scale)
         moe = self._cached(("moe layers", key), lambda: moe_layers_by_chunk(inst.model, plan))
         per_layer = a2a[np.arange(plan.pp * plan.vpp) % plan.pp] * moe
         n_fwd, n_bwd = alltoalls_per_layer(plan)

@@ -37,9 +37,9 @@ Assumptions where a row is silent:
   optimizer with grad reduce and param gather overlapped, no TP communication overlap;
   dropless routing, load imbalance 1.0: the long-context and GB200 rows say the routing was
   forced to balance, and the H100 table's rows are taken as forced too (the readme's
-  ``run_h100_235b.sh`` passes ``--moe-router-force-load-balancing``).  DeepEP, HybridEP and
-  A2A dispatchers are all costed as Megatron's alltoall dispatcher (DeepEP's node-level
-  de-duplication of cross-node copies is not modelled); the EP all-to-all is not overlapped
+  ``run_h100_235b.sh`` passes ``--moe-router-force-load-balancing``).  DeepEP and HybridEP
+  are costed as Megatron's flex dispatcher (a token crosses to each other node holding
+  one of its experts once), A2A as the alltoall dispatcher; the EP all-to-all is not overlapped
   (``A2A_OVERLAP=1`` / "1f1b overlap" rows included: the model has no such overlap); CUDA
   graphs and activation offloading are not modelled; the selective recompute modules
   (layernorm, moe_act, moe) are costed as no recompute (the model's ``selective`` is the

@@ -32,7 +32,7 @@ from pipette_cp.specs.instance import Instance
 from pipette_cp.specs.layouts import make_plan
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
-from pipette_cp.specs.training import FrameworkProfile, Recompute, TrainingSpec
+from pipette_cp.specs.training import Dispatcher, FrameworkProfile, Recompute, TrainingSpec
 from pipette_cp.units import GB, TFLOPS
 
 #: The bundled copy of the runs with experts, context parallelism or FP8.
@@ -243,6 +243,13 @@ _QWEN_RECOMPUTE: dict[str, Recompute] = {"full": "full", "selective": "none", ""
                                          "none": "none"}  # fmt: skip
 
 
+def _dispatcher(row: dict[str, str]) -> Dispatcher:
+    """The notes' dispatcher: DeepEP and HybridEP as Megatron's flex dispatcher (node
+    de-duplication), A2A as alltoall."""
+    name = note(row["notes"], "dispatcher") or "A2A"
+    return "flex" if name.lower() in ("deepep", "hybridep") else "alltoall"
+
+
 def _qwen(row: dict[str, str], imbalance: float) -> tuple[Instance, Plan]:
     """Megatron-MoE-ModelZoo's Qwen3-235B-A22B runs (model yaml: distributed optimizer,
     overlapped grad reduce and param gather, SP, flash attention, no dropout, fused
@@ -259,7 +266,7 @@ def _qwen(row: dict[str, str], imbalance: float) -> tuple[Instance, Plan]:
         global_batch_size=int(row["global_batch_size"]), seq_length=int(row["seq_len"]),
         precision="fp8" if fp8 else "bf16", fp8_recipe="mxfp8" if fp8 else None,
         overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=False,
-        dropout=False, fused_cross_entropy=True, moe_token_dispatcher="alltoall",
+        dropout=False, fused_cross_entropy=True, moe_token_dispatcher=_dispatcher(row),
         moe_grouped_gemm=True, moe_load_imbalance=imbalance,
         framework=FrameworkProfile(name="megatron-core"),
     )  # fmt: skip

@@ -177,6 +177,8 @@ def moe_flags(instance: Instance) -> list[Flag]:
         if t.moe_pad_to_capacity:
             flags.append(("--moe-pad-expert-input-to-capacity", None))
     flags.append(("--moe-token-dispatcher-type", t.moe_token_dispatcher))
+    if t.moe_token_dispatcher == "flex":  # the node-deduplicating all-to-all the model prices
+        flags.append(("--moe-flex-dispatcher-backend", "deepep"))
     if t.moe_grouped_gemm:
         flags.append(("--moe-grouped-gemm", None))
     return flags

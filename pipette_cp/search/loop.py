@@ -103,6 +103,19 @@ class SearchResult:
     stats: SearchStats
 
 
+def round_robin(layouts: list[Plan], everything: int) -> list[Plan]:
+    """``layouts`` (all-GPU ones first, kept) reordered so that the i-th knob variant of
+    every (degrees, micro-batch) comes before the (i+1)-th of any (stable otherwise)."""
+    seen: dict[tuple, int] = {}
+    keys = []
+    for p in layouts:
+        group = (p.dp, p.pp, p.tp, p.cp, p.ep, p.etp, p.micro_batch_size)
+        seen[group] = seen.get(group, -1) + 1
+        keys.append((p.num_gpus != everything, seen[group]))
+    order = sorted(range(len(layouts)), key=keys.__getitem__)
+    return [layouts[i] for i in order]
+
+
 def search(
     instance: Instance,
     *,
@@ -151,11 +164,14 @@ def search(
     # every GPU first, then most model parallelism (experts split over ep count too):
     # when the budget stops the bounding early, the layouts most likely to fit a large
     # model on all GPUs have been bounded
+    # and round-robin over (degrees, micro-batch): every one is bounded once before the
+    # knob variants of any (the variants multiply with experts and context parallelism)
     everything = max(gpu_counts(instance, space))
     layouts = sorted(
         enumerate_layouts(instance, space),
         key=lambda p: (p.num_gpus != everything, -p.tp * p.pp * p.ep, -p.num_gpus),
     )
+    layouts = round_robin(layouts, everything)
     layouts = preferred_skeletons(instance, layouts)
     stats.layouts = len(layouts)
     bound_until = start + BOUND_SHARE * time_limit_s

@@ -18,8 +18,8 @@ Optimizer = Literal["adam", "sgd"]
 Recompute = Literal["none", "selective", "full"]
 Sharding = Literal["none", "optim", "optim_grads", "optim_grads_params"]
 Objective = Literal["time", "throughput-per-gpu"]
-#: Megatron --moe-token-dispatcher-type
-Dispatcher = Literal["alltoall", "allgather"]
+#: Megatron --moe-token-dispatcher-type (flex: DeepEP's node-deduplicating all-to-all)
+Dispatcher = Literal["alltoall", "allgather", "flex"]
 #: The sharding levels that shard more than the optimizer state (ZeRO-2, ZeRO-3).
 GRADIENT_SHARDING: tuple[Sharding, ...] = ("optim_grads", "optim_grads_params")
 AttentionKernel = Literal[
@@ -210,7 +210,8 @@ class TrainingSpec(FrozenSpec):
     moe_token_dispatcher: Dispatcher = Field(
         default="alltoall",
         description="How tokens reach their experts (Megatron --moe-token-dispatcher-type): "
-        "alltoall over the expert-parallel group, or allgather of every token.",
+        "alltoall over the expert-parallel group, allgather of every token, or flex (DeepEP: "
+        "a token bound for several experts on one remote node crosses the network once).",
     )
     moe_grouped_gemm: bool = Field(
         default=True,
