@@ -10,6 +10,8 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipette_cp.checker.checks import communication_pairs
 from pipette_cp.clusters.expand import cluster_from_node_matrix
@@ -294,3 +296,36 @@ def test_node_dedup_factor_matches_enumerating_every_routing(experts, top_k, nod
     want = distinct / copies
     assert float(node_dedup_factor(experts, top_k, np.array([nodes]))[0]) == pytest.approx(want)
     assert float(node_dedup_factor(experts, top_k, np.array([1]))[0]) == 1.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2]), st.sampled_from([1, 2, 4]),
+    st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 4, 8]), st.sampled_from([None, 1, 2]),
+    st.permutations(range(8)),
+)  # fmt: skip
+def test_random_expert_and_context_layouts_are_refused_or_consistent(dp, pp, tp, cp, ep, etp, perm):
+    from pipette_cp.checker.checks import check_plan
+    from pipette_cp.errors import PipetteError
+
+    if dp * pp * tp * cp != 8:
+        return
+    inst = _instance(_moe_model(), seq=1024, gbs=16)
+    base = make_plan(num_layers=4, dp=dp, pp=pp, tp=tp, cp=cp, ep=ep, etp=etp,
+                     micro_batch_size=1, sequence_parallel=tp > 1)  # fmt: skip
+    # a random placement that keeps each unit's tp GPUs inside a node
+    nodes = [perm[:4], perm[4:]] if tp > 1 else [perm]
+    flat = [g for block in nodes for g in sorted(block, key=lambda g: (g // 4, g))]
+    flat = sorted(flat, key=lambda g: g // 4) if tp > 1 else flat
+    units = tuple(tuple(flat[i : i + tp]) for i in range(0, 8, tp))
+    plan = base.model_copy(update={"placement": units})
+    try:
+        e = Evaluator(inst).evaluate(plan)
+    except PipetteError as err:
+        assert "\n" not in str(err)
+        return
+    assert sum(e.breakdown_s.values()) == pytest.approx(e.iteration_time_s, rel=1e-9)
+    assert all(v >= -1e-12 for v in e.breakdown_s.values())
+    assert e.memory_bytes_max > 0 and e.mfu > 0
+    if e.fits:
+        assert check_plan(inst, plan) == []

@@ -21,14 +21,12 @@ import numpy as np
 
 from pipette_cp.cost import comm
 from pipette_cp.cost.alltoall import GroupFlows, cp_ring_bandwidths, group_flows
-from pipette_cp.cost.compute import chunk_times, layer_times, optimizer_step_time_s
+from pipette_cp.cost.compute import chunk_times, optimizer_step_time_s
 from pipette_cp.cost.dp_collectives import (
-    exposed_per_layer,
     gradient_wire_bytes,
-    hybrid_times_s,
-    per_layer_collectives,
     step_collectives,
 )
+from pipette_cp.cost.evaluate_dp import DpCosts
 from pipette_cp.cost.evaluate_groups import GroupCosts, expert_rings_apart
 from pipette_cp.cost.flops import hardware_flops_per_iteration, model_flops_per_iteration
 from pipette_cp.cost.layout_check import (
@@ -39,6 +37,9 @@ from pipette_cp.cost.layout_check import (
     num_micro_batches,
     placement_array,
     validate_layout,
+)
+from pipette_cp.cost.layout_check import (
+    knobs_key as _knobs,
 )
 from pipette_cp.cost.memory import (
     memory_by_stage,
@@ -51,7 +52,6 @@ from pipette_cp.cost.pipeline import PipelineInputs, finish_iteration, pipeline_
 from pipette_cp.cost.rings import group_bandwidths
 from pipette_cp.cost.simulator import Timeline, simulate_pipeline
 from pipette_cp.cost.simulator import simulate as simulate_inputs
-from pipette_cp.errors import InfeasibleError
 from pipette_cp.specs.cluster import ClusterSpec
 from pipette_cp.specs.instance import Instance
 from pipette_cp.specs.plan import Evaluation, Plan
@@ -73,15 +73,6 @@ BREAKDOWN_KEYS = (
 
 
 # ------------------------------------------------------------------ evaluation
-def _knobs(plan: Plan) -> tuple:
-    """Everything of a plan but its placement (the cache key of placement-free costs)."""
-    return (
-        plan.dp, plan.pp, plan.tp, plan.micro_batch_size, plan.vpp, plan.sequence_parallel,
-        plan.recompute, plan.sharding, plan.flash_attention, plan.layer_split,
-        plan.attention_kernel, plan.fused_norm, plan.shard_group, plan.cp, plan.ep, plan.etp,
-    )  # fmt: skip
-
-
 class _Stages(NamedTuple):
     """Forward, backward and TP communication time per virtual stage (one micro-batch),
     and the busiest stage's compute and TP time over the iteration."""
@@ -115,7 +106,7 @@ def _fabric_of(cluster: ClusterSpec) -> comm.Fabric:
     return fabric
 
 
-class Evaluator(GroupCosts):
+class Evaluator(GroupCosts, DpCosts):
     """Evaluate many plans of one instance fast.
 
     ``profile``: measured per-layer times (:mod:`pipette_cp.specs.profile`; default: the instance's).
@@ -212,59 +203,6 @@ class Evaluator(GroupCosts):
 
         names = tuple(g.name for g in stage_gpu) if self._mixed else None
         return self._cached(("stage", key, names), make)
-
-    def _dp_times(self, plan: Plan, rings, bw, lat, ops) -> tuple[np.ndarray, np.ndarray]:
-        """Each stage's DP gradient sync and distributed-optimizer parameter gather
-        (:func:`~pipette_cp.cost.dp_collectives.step_collectives`); all stages' rings run
-        at once."""
-        pp, tp, algorithm = plan.pp, plan.tp, self.dp_algorithm
-        flat_ok = bool(bw.all())
-        two_level = algorithm != "ring" and comm.local_group_size(self.fabric, rings) > 1
-        what = "a data-parallel gradient sync"
-        out = [np.zeros(pp), np.zeros(pp)]
-        for op, size, group, phase in ops:
-            if not size.any():
-                continue  # an operation this plan does not run
-            if group != "all":  # HSDP: every shard group (or replica set) at once
-                out[phase] += hybrid_times_s(self.fabric, plan, rings, size, op, group, algorithm)
-                continue
-            if not flat_ok:  # the ring needs a failed link: another algorithm, or an error
-                t = comm.collective_times_s(self.fabric, rings, size, op, algorithm, what)
-            else:
-                t = comm.ring_time_from_links(bw, lat, size, op)
-                if two_level:
-                    try:  # "hierarchical" keeps the ring only where local groups differ
-                        hier = comm.hierarchical_times_s(self.fabric, rings, size, op, what)
-                        best = algorithm == "best"
-                        t = np.minimum(t, hier) if best else np.where(hier < np.inf, hier, t)
-                    except InfeasibleError:
-                        pass  # the two-level links include a failed pair; the ring is fine
-            out[phase] += t.reshape(pp, tp).max(axis=1)
-        return out[0], out[1]
-
-    def _sharded_exposure(
-        self, plan: Plan, stages: _Stages, stage_gpu: list, stage_bw: np.ndarray, rings: tuple,
-        cp_bw: np.ndarray,
-    ) -> _Stages:  # fmt: skip
-        """ZeRO-2/3: the per-micro-batch collectives the compute does not hide, added to
-        each chunk's forward/backward (:mod:`pipette_cp.cost.dp_collectives`; pp = 1)."""
-        model, training = self.instance.model, self.instance.training
-        ops = per_layer_collectives(model, training, plan)
-        rs, ag = self._dp_times(plan, rings[0], rings[1], rings[2], ops)
-        args = (model, training, stage_gpu[0], plan, float(stage_bw[0]))
-        key = ("layer", _knobs(plan), stage_gpu[0].name, args[-1], float(cp_bw[0]))
-        make = partial(layer_times, *args, cp_bandwidth_bytes_per_s=float(cp_bw[0]))
-        times = self._cached(key, make)
-        fwd, bwd = exposed_per_layer(plan, times, float(rs[0]), float(ag[0]))
-        n = np.asarray(plan.layer_split, dtype=float)
-        exposed = num_micro_batches(self.instance, plan) * (fwd + bwd) * float(n.sum())
-        return stages._replace(
-            forward_s=stages.forward_s + fwd * n,
-            backward_s=stages.backward_s + bwd * n,
-            busy_s=stages.busy_s + exposed,
-            busy_dp_s=exposed,
-            layer_collectives_s=(float(rs[0]), float(ag[0])),
-        )
 
     def pipeline_inputs(
         self, plan: Plan, gpus: np.ndarray | None = None

@@ -32,6 +32,15 @@ def num_micro_batches(instance: Instance, plan: Plan) -> int:
     return instance.training.global_batch_size // (plan.dp * plan.micro_batch_size)
 
 
+def knobs_key(plan: Plan) -> tuple:
+    """Everything of a plan but its placement (the cache key of placement-free costs)."""
+    return (
+        plan.dp, plan.pp, plan.tp, plan.micro_batch_size, plan.vpp, plan.sequence_parallel,
+        plan.recompute, plan.sharding, plan.flash_attention, plan.layer_split,
+        plan.attention_kernel, plan.fused_norm, plan.shard_group, plan.cp, plan.ep, plan.etp,
+    )  # fmt: skip
+
+
 def _unpriced(model: Any) -> list[tuple[str, object, str]]:
     """Architecture features the model files describe but the time model does not price."""
     found = []

@@ -52,7 +52,7 @@ def context_sizes(instance: Instance, space: SearchSpace) -> list[int]:
     ``2 cp`` dividing the sequence length (Megatron's load-balanced chunks)."""
     seq = instance.training.seq_length
     if space.cp is not None:
-        return [c for c in space.cp if seq % (2 * c) == 0 or c == 1]
+        return [c for c in space.cp if c == 1 or seq % (2 * c) == 0]
     out, c = [1], 2
     while seq >= CP_FROM_SEQ_LENGTH and seq // c >= MIN_CP_TOKENS and seq % (2 * c) == 0:
         out.append(c)
@@ -128,7 +128,9 @@ def degrees(instance: Instance, space: SearchSpace | None = None) -> list[Degree
 
 
 def check_degrees(instance: Instance, space: SearchSpace) -> None:
-    """Raise :class:`SpecError` naming the knob when the space leaves no (dp, pp, tp)."""
+    """Raise :class:`SpecError` naming the knob when the space leaves no (dp, pp, tp), or
+    asks for context or expert parallelism the model or sequence cannot take."""
+    _check_context_and_experts(instance, space)
     if degrees(instance, space):
         return
     model, cluster = instance.model, instance.cluster
@@ -161,6 +163,27 @@ def check_degrees(instance: Instance, space: SearchSpace) -> None:
         "search_space", {k: getattr(space, k) for k in ("dp", "pp", "tp") if getattr(space, k)},
         f"no dp x pp x tp of the allowed sizes uses {totals} GPUs",
     )  # fmt: skip
+
+
+def _check_context_and_experts(instance: Instance, space: SearchSpace) -> None:
+    model, seq = instance.model, instance.training.seq_length
+    if space.cp is not None and not context_sizes(instance, space):
+        raise SpecError("search_space.cp", space.cp,
+                        f"no context-parallel size has 2 x cp dividing seq_length={seq}")  # fmt: skip
+    if not model.is_moe:
+        if space.ep is not None and space.ep != (1,):
+            raise SpecError("search_space.ep", space.ep, "expert parallelism needs a "
+                            "mixture-of-experts model (model.num_experts)")  # fmt: skip
+        if space.etp is not None:
+            raise SpecError("search_space.etp", space.etp, "expert tensor parallelism needs a "
+                            "mixture-of-experts model (model.num_experts)")  # fmt: skip
+        return
+    if space.ep is not None and not [e for e in space.ep if model.num_experts % e == 0]:
+        raise SpecError("search_space.ep", space.ep,
+                        f"no expert-parallel size divides num_experts={model.num_experts}")  # fmt: skip
+    if space.etp is not None and not [t for t in space.etp if model.expert_width % t == 0]:
+        raise SpecError("search_space.etp", space.etp, "no expert tensor-parallel size divides "
+                        f"the expert FFN width {model.expert_width}")  # fmt: skip
 
 
 def enumerate_layouts(instance: Instance, space: SearchSpace | None = None) -> Iterator[Plan]:
