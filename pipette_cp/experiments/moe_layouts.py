@@ -15,6 +15,8 @@
    pruning counts.
 3. The same comparison on fixed layouts whose expert groups span four nodes
    (:data:`SPANNING`, two and four nodes), cpsat with a 30 s limit each.
+4. cpsat and milp against the brute-force oracle (every placement, scored by the
+   evaluator) on a tiny cluster where Megatron's order puts the groups on slow pairs.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipette_cp.clusters.expand import cluster_from_node_matrix
 from pipette_cp.clusters.generators import generate
 from pipette_cp.cost.alltoall import group_flows
 from pipette_cp.cost.comm import shared_nic_flows
@@ -35,7 +38,8 @@ from pipette_cp.io.model_file import load_model
 from pipette_cp.search import search
 from pipette_cp.solvers import get_method
 from pipette_cp.solvers.options import SolveOptions
-from pipette_cp.specs import Instance, Plan, TrainingSpec
+from pipette_cp.solvers.placement.oracle import brute_force_placement
+from pipette_cp.specs import Instance, ModelSpec, Plan, TrainingSpec, resolve_gpu
 from pipette_cp.specs.layouts import make_plan, megatron_placement
 
 INSTANCE = Path(__file__).resolve().parents[2] / "instances" / "qwen3-235b-a22b-g3h100-256.yaml"
@@ -165,9 +169,37 @@ def spanning_part(time_limit_s: float = 30.0) -> None:
               f"cross-node): {t_default / ours.iteration_time_s:.3f}x")  # fmt: skip
 
 
+def oracle_part(time_limit_s: float = 4.0) -> None:
+    """cpsat and milp (master + regrouping) against the brute-force oracle on a 2 x 3
+    GPU cluster whose Megatron-order NVLink pairs (0, 1) and (3, 4) are slow (2 GB/s)."""
+    gpu = resolve_gpu("h100")
+    cluster = cluster_from_node_matrix(
+        node_bandwidth=np.full((2, 2), 12e9), intra_node=200e9, gpus_per_node=3, gpu=gpu,
+        nics_per_node=1, nic_bandwidth_bytes_per_s=25e9,
+    )  # fmt: skip
+    bw = cluster.bandwidth_bytes_per_s.copy()
+    for a, b in ((0, 1), (3, 4)):
+        bw[a, b] = bw[b, a] = 2e9
+    cluster = cluster.model_copy(update={"bandwidth_bytes_per_s": bw})
+    model = ModelSpec(name="tiny-moe", num_layers=4, hidden_size=256, num_attention_heads=8,
+                      ffn_hidden_size=1024, vocab_size=1000, max_seq_length=2048, num_experts=8,
+                      moe_top_k=2, moe_ffn_hidden_size=512)  # fmt: skip
+    inst = Instance(name="oracle", model=model, cluster=cluster,
+                    training=TrainingSpec(global_batch_size=12, seq_length=2048))  # fmt: skip
+    ev = Evaluator(inst)
+    for dp, cp, ep in ((6, 1, 2), (3, 2, 1), (3, 2, 2)):
+        skeleton = make_plan(num_layers=4, dp=dp, pp=1, tp=1, cp=cp, ep=ep, micro_batch_size=1)
+        _, best = brute_force_placement(inst, skeleton)
+        line = f"  {skeleton.layout():24s} Megatron {ev.iteration_time(skeleton) / best:.4f}"
+        for method in ("cpsat", "milp"):
+            plan = get_method(method)(inst, skeleton, SolveOptions(time_limit_s=time_limit_s))
+            line += f"  {method} {ev.iteration_time(plan) / best:.4f}"
+        print(line + "  (x the oracle's time)")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", type=int, choices=(1, 2, 3))
+    parser.add_argument("--part", type=int, choices=(1, 2, 3, 4))
     args = parser.parse_args(argv)
     if args.part in (None, 1):
         print("part 1: predict time per MoE layout")
@@ -179,6 +211,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.part in (None, 3):
         print("part 3: layouts whose expert groups span nodes (cpsat, 30 s each)")
         spanning_part()
+    if args.part in (None, 4):
+        print("part 4: against the brute-force oracle (tiny cluster with slow NVLink pairs)")
+        oracle_part()
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 Enumerates every injective map of the units onto tensor groups, skipping only
 the rotations of the DP replicas (a rotation maps replica ``r`` to ``r + k mod
 dp`` on every stage: it keeps every pipeline, every ring up to its starting
-point, every NIC share, so every time the Evaluator computes), and scores each
+point, every NIC share, so every time the Evaluator computes; not skipped where
+context-parallel rings, expert groups or HSDP shard groups are blocks of
+consecutive replicas, which a rotation regroups), and scores each
 with :class:`~pipette_cp.cost.evaluate.Evaluator` itself, the checker's
 ``memory_limit`` and the failed-link test of the cost model.  The groups are
 either the tp-aligned blocks of every node (``groups="aligned"``: the exact
@@ -126,7 +128,11 @@ def brute_force_placement(
         )  # fmt: skip
     evaluator = Evaluator(instance, dp_algorithm=dp_algorithm, validate=False)
     best: tuple[float, Plan | None] = (float("inf"), None)
-    for perm in _assignments(blocks, units, plan.replicas, disjoint=groups == "any"):
+    # a rotation of the replicas keeps every time only where no group is a block of
+    # consecutive replicas (context-parallel rings, expert groups, HSDP shard groups)
+    blocks_of_replicas = plan.cp > 1 or plan.ep > 1 or plan.expert_tp != plan.tp or plan.hybrid
+    rotations = 1 if blocks_of_replicas else plan.replicas
+    for perm in _assignments(blocks, units, rotations, disjoint=groups == "any"):
         candidate = plan.model_copy(update={"placement": tuple(blocks[i] for i in perm)})
         try:
             value = evaluator.iteration_time(candidate)

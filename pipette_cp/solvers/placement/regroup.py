@@ -7,8 +7,9 @@ permutation on every stage, keeps every unit on its GPUs and every pipeline hop 
 link, and changes only which units share a group (and the order of the data-parallel
 rings).  :func:`regroup_replicas` searches these renumberings by pairwise swaps, each
 scored with the full evaluator (the all-to-alls and rings on the measured matrix),
-first improvement, until no swap helps or the time is up.  The placement masters do
-not price these groups; this pass does, on the master's placement.
+first improvement, from the master's numbering and then from random ones while time is
+left (a local search: no optimality claim).  The placement masters do not price these
+groups; this pass does, on the master's placement.
 """
 
 from __future__ import annotations
@@ -21,25 +22,22 @@ from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.errors import PipetteError
 from pipette_cp.specs import Plan
 
+#: Swap descents at most (the first from the plan's own numbering).
+MAX_RESTARTS = 200
+
 
 def _renumbered(plan: Plan, units: np.ndarray, order: np.ndarray) -> Plan:
     placement = units[:, order, :].reshape(-1, plan.tp).tolist()
     return plan.model_copy(update={"placement": tuple(map(tuple, placement))})
 
 
-def regroup_replicas(
-    evaluator: Evaluator, plan: Plan, until: float, seed: int = 0
-) -> tuple[Plan, float]:
-    """``plan`` with its replicas renumbered to the fastest grouping found by pairwise
-    swaps before ``until`` (``time.perf_counter()``), and its iteration time; ``plan``
-    itself when no swap helps (or it has one replica)."""
-    units = np.asarray(plan.placement, dtype=np.int64).reshape(plan.pp, plan.replicas, plan.tp)
-    order = np.arange(plan.replicas)
-    best_t = evaluator.iteration_time(plan)
-    if plan.replicas < 2:
-        return plan, best_t
-    rng = np.random.default_rng(seed)
-    pairs = [(i, j) for i in range(plan.replicas) for j in range(i + 1, plan.replicas)]
+def _descend(
+    evaluator: Evaluator, plan: Plan, units: np.ndarray, order: np.ndarray, best_t: float,
+    until: float, rng: np.random.Generator,
+) -> float:  # fmt: skip
+    """Pairwise swaps of ``order`` (in place), first improvement, until none helps or the
+    time is up; the time of the final order."""
+    pairs = [(i, j) for i in range(len(order)) for j in range(i + 1, len(order))]
     improved = True
     while improved and time.perf_counter() < until:
         improved = False
@@ -56,6 +54,38 @@ def regroup_replicas(
                 best_t, improved = t, True
             else:
                 order[[i, j]] = order[[j, i]]
-    if (order == np.arange(plan.replicas)).all():
-        return plan, best_t
-    return _renumbered(plan, units, order), best_t
+    return best_t
+
+
+def regroup_replicas(
+    evaluator: Evaluator, plan: Plan, until: float, seed: int = 0
+) -> tuple[Plan, float]:
+    """``plan`` with its replicas renumbered to the fastest grouping found before
+    ``until`` (``time.perf_counter()``): a swap descent from the plan's own numbering,
+    then from random numberings (restarts) while time is left; and its iteration time.
+    ``plan`` itself when nothing helps (or it has one replica)."""
+    units = np.asarray(plan.placement, dtype=np.int64).reshape(plan.pp, plan.replicas, plan.tp)
+    identity = np.arange(plan.replicas)
+    start_t = evaluator.iteration_time(plan)
+    if plan.replicas < 2:
+        return plan, start_t
+    rng = np.random.default_rng(seed)
+    best_order, best_t = identity.copy(), start_t
+    order = identity.copy()
+    for restart in range(MAX_RESTARTS):
+        if restart:
+            if time.perf_counter() >= until:
+                break
+            order = rng.permutation(plan.replicas)
+            try:
+                t = evaluator.iteration_time(_renumbered(plan, units, order))
+            except PipetteError:
+                continue
+        else:
+            t = start_t
+        t = _descend(evaluator, plan, units, order, t, until, rng)
+        if t < best_t * (1 - 1e-9):
+            best_order, best_t = order.copy(), t
+    if (best_order == identity).all():
+        return plan, start_t
+    return _renumbered(plan, units, best_order), best_t
