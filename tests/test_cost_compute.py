@@ -11,11 +11,9 @@ from pipette_cp.cost.calibration import calibration_for
 from pipette_cp.cost.compute import (
     ChunkTimes,
     chunk_times,
-    gemm_time_s,
     layer_times,
     optimizer_step_time_s,
     tp_collective_time_s,
-    wave_efficiency,
 )
 from pipette_cp.cost.flops import (
     Gemm,
@@ -24,6 +22,7 @@ from pipette_cp.cost.flops import (
     layer_gemms,
     model_flops_per_iteration,
 )
+from pipette_cp.cost.gemm_time import gemm_time_s, wave_efficiency
 from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.profile_file import load_layer_profile
 from pipette_cp.specs import LayerProfile

@@ -16,8 +16,6 @@ from pipette_cp.cost.calibration import calibration_for
 from pipette_cp.cost.compute import (
     _boundary_times,
     chunk_times,
-    fp8_gemm_time_s,
-    gemm_time_s,
     layer_times,
     tp_collective_time_s,
 )
@@ -28,6 +26,7 @@ from pipette_cp.cost.flops import (
     model_flops_per_iteration,
     moe_mlp_active_flops,
 )
+from pipette_cp.cost.gemm_time import fp8_gemm_time_s, gemm_time_s
 from pipette_cp.cost.moe_compute import expert_gemms, layer_work
 from pipette_cp.errors import InfeasibleError, SpecError, UnsupportedError
 from pipette_cp.io.model_file import load_model

@@ -47,21 +47,21 @@ from pipette_cp.cost.kernels import (
     uses_fp8,
     uses_fused_attention,
 )
+from pipette_cp.cost.memory_limits import (
+    in_flight_microbatches,
+    num_microbatches,
+    usable_memory_bytes,  # noqa: F401 (re-exported)
+)
 from pipette_cp.cost.parameters import (
     layer_params_per_gpu,  # noqa: F401 (re-exported)
     padded_vocab_size,
     stage_params_per_gpu,  # noqa: F401 (re-exported)
     state_bytes_per_param,
 )
-from pipette_cp.specs.gpu import GpuSpec
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.training import GRADIENT_SHARDING, TrainingSpec
-from pipette_cp.units import FP8_BYTES, GiB
-
-#: Headroom kept free on every GPU by default (2% of its memory, at least 1 GiB): the
-#: caching allocator needs room for the largest transient block (assumption, not fitted).
-USABLE_HEADROOM_FRACTION = 0.02
+from pipette_cp.units import FP8_BYTES
 
 
 @dataclass(frozen=True)
@@ -203,35 +203,6 @@ def _kept_layer_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan, moe:
     return _full_layer_activation_bytes(model, training, plan, moe)
 
 
-def num_microbatches(training: TrainingSpec, plan: Plan) -> int:
-    """Micro-batches per pipeline per iteration, ``global_batch / (dp x mb)`` (>= 1)."""
-    return max(1, training.global_batch_size // (plan.dp * plan.micro_batch_size))
-
-
-def in_flight_microbatches(plan: Plan, stage: int, num_microbatches: int) -> float:
-    """Micro-batches whose activations ``stage`` holds at its peak, in stage units.
-
-    1F1B (Narayanan et al. 2021, sec. 2.2): stage i (0-based) holds
-    ``min(m, p - i)``.  Interleaved 1F1B with v chunks: Megatron's schedule warms up
-    ``2 (p - i - 1) + (v - 1) p`` chunk-micro-batches and holds one more in the
-    steady state (at most ``m v``), i.e. ``p + (p - 1)/v`` stage-equivalents on stage
-    0 (Megatron theoretical_memory_usage.py interleaving penalty).
-
-    >>> from pipette_cp.specs.layouts import make_plan
-    >>> in_flight_microbatches(make_plan(num_layers=8, dp=1, pp=4, tp=1, micro_batch_size=1), 1, 16)
-    3.0
-    >>> p = make_plan(num_layers=16, dp=1, pp=4, tp=1, micro_batch_size=1, vpp=2)
-    >>> in_flight_microbatches(p, 0, 16)
-    5.5
-    """
-    p, v, m = plan.pp, plan.vpp, num_microbatches
-    if v == 1:
-        return float(min(m, p - stage))
-    # megatron/core/pipeline_parallel/schedules.py, interleaved: num_warmup_microbatches
-    chunk_units = min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)
-    return chunk_units / v
-
-
 def _embedding_activation_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
     """Per in-flight micro-batch extras of the first stage (``s b / cp`` tokens a GPU)."""
     s, b = training.seq_length / plan.cp, plan.micro_batch_size
@@ -298,27 +269,6 @@ def _temporary_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> fl
     # One MoE layer's dispatch/combine buffers; the context-parallel ring's K/V chunks.
     temp += memory_moe.moe_temporary_bytes(model, training, plan)
     return temp + memory_moe.cp_temporary_bytes(model, training, plan)
-
-
-def usable_memory_bytes(gpu: GpuSpec, training: TrainingSpec | None = None) -> float:
-    """Memory a plan may fill on ``gpu``: its capacity less the headroom of ``training``
-    (``memory_headroom_bytes`` or ``memory_headroom_fraction``; neither, or no
-    ``training``: 2 % of the GPU's memory, at least 1 GiB).
-
-    >>> from pipette_cp.specs.gpu import resolve_gpu
-    >>> a100 = resolve_gpu("a100-80gb")
-    >>> tr = TrainingSpec(global_batch_size=8, seq_length=2048, memory_headroom_bytes=4 * GiB)
-    >>> round(usable_memory_bytes(a100) / 2**30, 1), round(usable_memory_bytes(a100, tr) / 2**30, 1)
-    (78.4, 76.0)
-    >>> tr = TrainingSpec(global_batch_size=8, seq_length=2048, memory_headroom_fraction=0.1)
-    >>> round(usable_memory_bytes(a100, tr) / 2**30, 1)
-    72.0
-    """
-    if training is not None and training.memory_headroom_bytes is not None:
-        return gpu.memory_bytes - training.memory_headroom_bytes
-    if training is not None and training.memory_headroom_fraction is not None:
-        return gpu.memory_bytes * (1.0 - training.memory_headroom_fraction)
-    return gpu.memory_bytes - max(USABLE_HEADROOM_FRACTION * gpu.memory_bytes, 1.0 * GiB)
 
 
 def stage_memory(
