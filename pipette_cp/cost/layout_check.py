@@ -116,7 +116,8 @@ def check_context_and_experts(model: Any, training: Any, plan: Plan) -> None:
     """Megatron-Core's rules for context and expert parallelism.
 
     cp: the sequence splits into ``2 cp`` chunks (causal load balancing: rank ``i``
-    holds chunks ``i`` and ``2 cp - 1 - i``), so ``2 cp`` must divide seq_length.
+    holds chunks ``i`` and ``2 cp - 1 - i``), so ``2 cp`` must divide seq_length, and
+    the attention is a fused kernel (context parallelism lives in Transformer Engine's).
     ep / etp: a dense model has no experts (ep = 1, etp unset or tp); for a
     mixture-of-experts model ep divides num_experts, etp the expert FFN size, and
     ep x etp the stage's tp x cp x dp ranks; tensor parallelism with experts needs
@@ -126,6 +127,9 @@ def check_context_and_experts(model: Any, training: Any, plan: Plan) -> None:
     if cp > 1 and seq % (2 * cp):
         raise LayoutError("plan.cp", cp, f"cp={cp}: 2 x cp = {2 * cp} must divide "
                           f"seq_length={seq} (load-balanced causal chunks)")  # fmt: skip
+    if cp > 1 and not plan.flash_attention:  # Megatron-Core's CP runs inside TE's fused attention
+        raise LayoutError("plan.flash_attention", False, f"cp={cp} needs a fused attention "
+                          "kernel (Transformer Engine's context-parallel attention)")  # fmt: skip
     if not model.is_moe:
         if plan.ep > 1:
             raise LayoutError("plan.ep", plan.ep, "expert parallelism needs a mixture-of-experts "

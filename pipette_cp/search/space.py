@@ -221,6 +221,8 @@ def enumerate_layouts(instance: Instance, space: SearchSpace | None = None) -> I
             for vpp, sp, recompute, (sharding, group), (fa, kernel), norm in product(
                 vpps, sps, space.recompute, levels, kernels, norms
             ):
+                if d.cp > 1 and not fa:  # context parallelism runs in fused attention only
+                    continue
                 yield make_plan(
                     num_layers=model.num_layers,
                     dp=d.dp,
