@@ -24,6 +24,7 @@ with one gather.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -122,22 +123,27 @@ def alltoall_times_s(
     pp = f.ep_src.shape[0]
     if f.ep_src.shape[-1] == 0 or nbytes <= 0:
         return np.zeros(pp)
-    src, dst = flat[f.ep_src], flat[f.ep_dst]
-    bw = fabric.flat_bandwidth[src * fabric.num_gpus + dst]
+    # every flow from the groups' members (pp, groups, ep): gathers from small arrays
+    members = flat[f.ep_src[..., 0]]
+    peer = _peers(members.shape[-1])
+    dst = members[..., peer]
+    bw = fabric.bandwidth[members[..., None], dst]
     if not bw.all():
+        src = np.broadcast_to(members[..., None], dst.shape)
         comm.check_links(fabric, src, dst, "an expert-parallel all-to-all")
-    remote = fabric.domain_of[src] != fabric.domain_of[dst]
-    latency = np.full(remote.shape[:-1], fabric.intra_node_latency_s)
+    dom, node = fabric.domain_of[members], fabric.node_of[members]
+    remote = dom[..., None] != dom[..., peer]
+    latency = np.full(members.shape, fabric.intra_node_latency_s)
     if remote.any():
-        out_node, in_node = fabric.node_of[src[remote]], fabric.node_of[dst[remote]]
-        k_out = np.bincount(out_node, minlength=fabric.num_nodes)
-        k_in = np.bincount(in_node, minlength=fabric.num_nodes)
-        share = fabric.nic_capacity_bytes_per_s / np.maximum(k_out[out_node], k_in[in_node])
-        bw = bw.astype(float, copy=True)
-        bw[remote] = np.minimum(bw[remote], share)
+        # all pairs of each group: the flows leaving a node equal those entering it
+        counts = remote.sum(axis=-1)
+        k = np.bincount(node.ravel(), weights=counts.ravel(), minlength=fabric.num_nodes)
+        kn = np.maximum(k[node], 1.0)
+        share = fabric.nic_capacity_bytes_per_s / np.maximum(kn[..., None], kn[..., peer])
+        bw = np.where(remote, np.minimum(bw, share), bw)
         latency[remote.any(axis=-1)] = fabric.inter_node_latency_s
     if fabric.domain_of is not fabric.node_of:  # inside a domain, across its trays
-        across = (fabric.node_of[src] != fabric.node_of[dst]).any(axis=-1)
+        across = (node[..., None] != node[..., peer]).any(axis=-1)
         latency[across] = fabric.inter_node_latency_s
     t = nbytes / bw
     if not np.isscalar(remote_scale) or remote_scale != 1.0:
@@ -146,6 +152,14 @@ def alltoall_times_s(
     serial = np.where(remote, 0.0, t).sum(axis=-1)  # one NVLink port, one send after another
     parallel = np.where(remote, t, 0.0).max(axis=-1)  # through the NICs, all at once
     return (np.maximum(serial, parallel) + latency).reshape(pp, -1).max(axis=1)
+
+
+@functools.lru_cache(maxsize=64)
+def _peers(ep: int) -> np.ndarray:
+    """(ep, ep - 1): the other ranks of a group, from each rank (as :func:`group_flows`)."""
+    out = (np.arange(ep)[:, None] + 1 + np.arange(ep - 1)[None, :]) % ep
+    out.flags.writeable = False
+    return out
 
 
 def expert_dp_rings(flat: np.ndarray, f: GroupFlows) -> np.ndarray:
