@@ -10,20 +10,24 @@ import pytest
 from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.experiments.accuracy import read_rows
 from pipette_cp.experiments.calibration_split import FIT, HELD_OUT
-from pipette_cp.experiments.moe_cp_accuracy import RowResult, Skipped, mape, run
+from pipette_cp.experiments.moe_cp_accuracy import (
+    RowResult,
+    Skipped,
+    flop_check_rows,
+    mape,
+    run,
+)
 from pipette_cp.experiments.moe_cp_setup import (
     MOE_CP_CSV,
     Skip,
     dropless_pairs,
     is_fp8_row,
-    megatron_flops_per_token,
     moe_cp_setup,
     pair_rows,
     selected_rows,
     with_training,
 )
 from pipette_cp.specs.training import FrameworkProfile
-from pipette_cp.units import TFLOPS
 
 
 @pytest.fixture(scope="module")
@@ -89,18 +93,8 @@ def test_mcore_flop_formula_reproduces_the_printed_tflops() -> None:
     """Megatron-MoE-ModelZoo rows printing both step time and TFLOP/s: the formula that
     turns TFLOP/s into step times elsewhere agrees with them (a unit check)."""
     checked = 0
-    for _, row, _ in selected_rows():
-        if not (row["measured_tflops_per_gpu"] and "step_time_s=" in row["notes"]):
-            continue
-        try:
-            st = moe_cp_setup(row)
-        except Skip:
-            continue
-        training = st.instance.training
-        flops = megatron_flops_per_token(st.instance.model, training.seq_length)
-        tokens = training.global_batch_size * training.seq_length
-        implied = flops * tokens / st.measured_step_s / st.plan.num_gpus / TFLOPS
-        assert implied == pytest.approx(float(row["measured_tflops_per_gpu"]), rel=0.01)
+    for _, printed, implied, _ in flop_check_rows():
+        assert implied == pytest.approx(printed, rel=0.01)
         checked += 1
     assert checked >= 3
 

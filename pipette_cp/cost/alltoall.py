@@ -39,14 +39,24 @@ class GroupFlows(NamedTuple):
 
     cp_src: np.ndarray  # (pp, rings * cp): ring link i -> i + 1
     cp_dst: np.ndarray
-    ep_src: np.ndarray  # (pp, groups, ep, ep - 1): every ordered pair of a group
-    ep_dst: np.ndarray
+    ep_groups: np.ndarray  # (pp, groups, ep): the ranks of every expert group
     edp_rings: np.ndarray  # (pp * groups, expert_dp): expert data-parallel rings
+
+    @property
+    def ep_src(self) -> np.ndarray:
+        """(pp, groups, ep, ep - 1): the sender of every ordered pair of a group."""
+        ep = self.ep_groups.shape[-1]
+        return np.broadcast_to(self.ep_groups[..., None], (*self.ep_groups.shape, ep - 1))
+
+    @property
+    def ep_dst(self) -> np.ndarray:
+        """The receivers, as :attr:`ep_src` (rank ``i`` to ``i + 1 ... i + ep - 1 mod ep``)."""
+        return self.ep_groups[..., _peers(self.ep_groups.shape[-1])]
 
 
 def group_flows(plan: Plan) -> GroupFlows:
-    """The positions of every context-parallel ring link, expert all-to-all pair and
-    expert data-parallel ring of ``plan`` (read-only; empty where the degree is 1)."""
+    """The positions of every context-parallel ring link, expert group and expert
+    data-parallel ring of ``plan`` (read-only; empty where the degree is 1)."""
     pp, per_stage = plan.pp, plan.replicas * plan.tp
     base = (np.arange(pp) * per_stage)[:, None, None]
     cp = np.asarray(plan.cp_groups(), dtype=np.int64).reshape(-1, plan.cp)
@@ -54,20 +64,13 @@ def group_flows(plan: Plan) -> GroupFlows:
     cp_dst = (base + np.roll(cp, -1, axis=1)[None]).reshape(pp, -1)
     if plan.cp == 1:
         cp_src = cp_dst = cp_src[:, :0]
-    ep = plan.ep
+    ep, etp, edp = plan.ep, plan.expert_tp, plan.expert_dp
     groups = np.asarray(plan.expert_groups(), dtype=np.int64).reshape(-1, ep)
-    peer = (np.arange(ep)[:, None] + 1 + np.arange(ep - 1)[None, :]) % ep  # (ep, ep - 1)
-    src = np.broadcast_to(groups[:, :, None], (*groups.shape, ep - 1))
-    dst = groups[:, peer]
-    ep_src = base[..., None] + src[None]
-    ep_dst = base[..., None] + dst[None]
+    ep_groups = base + groups[None]
     # expert data-parallel ring: the ranks of one (etp rank, ep rank) across edp ranks
-    edp = np.asarray(plan.expert_groups(), dtype=np.int64).reshape(
-        plan.expert_dp, plan.expert_tp, ep
-    )
-    rings = edp.transpose(1, 2, 0).reshape(-1, plan.expert_dp)
-    edp_rings = (base.reshape(pp, 1, 1) + rings[None]).reshape(-1, plan.expert_dp)
-    out = GroupFlows(cp_src, cp_dst, ep_src, ep_dst, edp_rings)
+    rings = groups.reshape(edp, etp, ep).transpose(1, 2, 0).reshape(-1, edp)
+    edp_rings = (base + rings[None]).reshape(-1, edp)
+    out = GroupFlows(cp_src, cp_dst, ep_groups, edp_rings)
     for a in out:
         a.flags.writeable = False
     return out
@@ -105,7 +108,7 @@ def node_dedup_factor(num_experts: int, top_k: int, nodes: np.ndarray) -> np.nda
 
 def group_nodes(fabric: comm.Fabric, flat: np.ndarray, f: GroupFlows) -> np.ndarray:
     """Distinct nodes of every expert group, (pp, groups)."""
-    members = np.sort(fabric.node_of[flat[f.ep_src[..., 0]]], axis=-1)
+    members = np.sort(fabric.node_of[flat[f.ep_groups]], axis=-1)
     return 1 + (np.diff(members, axis=-1) != 0).sum(axis=-1)
 
 
@@ -120,11 +123,11 @@ def alltoall_times_s(
     deduplicating dispatcher, :func:`node_dedup_factor`).  The NIC shares are
     :func:`~pipette_cp.cost.comm.shared_nic_flows`' (all flows at once), computed here on
     the flows that leave their NVLink domain only (the hot path of expert layouts)."""
-    pp = f.ep_src.shape[0]
-    if f.ep_src.shape[-1] == 0 or nbytes <= 0:
+    pp = f.ep_groups.shape[0]
+    if f.ep_groups.shape[-1] <= 1 or nbytes <= 0:
         return np.zeros(pp)
     # every flow from the groups' members (pp, groups, ep): gathers from small arrays
-    members = flat[f.ep_src[..., 0]]
+    members = flat[f.ep_groups]
     peer = _peers(members.shape[-1])
     dst = members[..., peer]
     bw = fabric.bandwidth[members[..., None], dst]
@@ -156,7 +159,7 @@ def alltoall_times_s(
 
 @functools.lru_cache(maxsize=64)
 def _peers(ep: int) -> np.ndarray:
-    """(ep, ep - 1): the other ranks of a group, from each rank (as :func:`group_flows`)."""
+    """(ep, ep - 1): the other ranks of a group, from each rank."""
     out = (np.arange(ep)[:, None] + 1 + np.arange(ep - 1)[None, :]) % ep
     out.flags.writeable = False
     return out

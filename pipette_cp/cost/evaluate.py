@@ -44,7 +44,6 @@ from pipette_cp.cost.layout_check import (
 from pipette_cp.cost.memory import (
     memory_by_stage,
     padded_vocab_size,
-    stage_params_per_gpu,
     usable_memory_bytes,
 )
 from pipette_cp.cost.moe import unit_tokens
@@ -192,7 +191,7 @@ class Evaluator(GroupCosts, DpCosts):
         model, training = self.instance.model, self.instance.training
 
         def make() -> tuple[np.ndarray, np.ndarray]:
-            params = np.array([stage_params_per_gpu(model, plan, s) for s in range(plan.pp)])
+            params = self._split(plan, key).sum(axis=1)  # dense + routed experts
             step = [
                 optimizer_step_time_s(model, training, g, plan, s) for s, g in enumerate(stage_gpu)
             ]

@@ -317,10 +317,10 @@ def format_memory(results: list[RowResult]) -> list[str]:
     return lines
 
 
-def format_flop_check() -> list[str]:
-    """Megatron-Core's FLOP formula against the rows printing step time and TFLOP/s."""
-    lines = ["MCore model-FLOP formula on the rows printing step time and TFLOP/s: TFLOP/s "
-             "printed, and formula FLOPs / step time / GPUs"]  # fmt: skip
+def flop_check_rows() -> list[tuple[int, float, float, float]]:
+    """(row, printed TFLOP/s, formula FLOPs / step time / GPUs in TFLOP/s, formula FLOPs
+    per token) of the rows printing both step time and TFLOP/s."""
+    out = []
     for i, row, _ in selected_rows():
         if row["measured_tflops_per_gpu"] and "step_time_s=" in row["notes"]:
             try:
@@ -331,8 +331,17 @@ def format_flop_check() -> list[str]:
             flops = megatron_flops_per_token(st.instance.model, training.seq_length)
             tokens = training.global_batch_size * training.seq_length
             implied = flops * tokens / st.measured_step_s / st.plan.num_gpus / TFLOPS
-            lines.append(f"  {i:2d} printed {float(row['measured_tflops_per_gpu']):6.1f}, "
-                         f"formula {implied:6.1f} ({flops / 1e9:.1f} GFLOP/token)")  # fmt: skip
+            out.append((i, float(row["measured_tflops_per_gpu"]), implied, flops))
+    return out
+
+
+def format_flop_check() -> list[str]:
+    """Megatron-Core's FLOP formula against the rows printing step time and TFLOP/s."""
+    lines = ["MCore model-FLOP formula on the rows printing step time and TFLOP/s: TFLOP/s "
+             "printed, and formula FLOPs / step time / GPUs"]  # fmt: skip
+    for i, printed, implied, flops in flop_check_rows():
+        lines.append(f"  {i:2d} printed {printed:6.1f}, "
+                     f"formula {implied:6.1f} ({flops / 1e9:.1f} GFLOP/token)")  # fmt: skip
     return lines
 
 
