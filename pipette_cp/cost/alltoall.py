@@ -12,7 +12,8 @@ Three kinds of group sit inside each pipeline stage (:meth:`~pipette_cp.specs.pl
   of ``bytes / B[i, j]``); its sends to other nodes run at once, each at ``B[i, j]`` or its
   share of the node's NICs (all groups of all stages at once, as the pipeline's steady
   state runs them); the rank finishes at the later of the two, the group with its
-  slowest rank (:func:`alltoall_times_s`);
+  slowest rank (:func:`alltoall_times_s`; per node pair where the matrix is constant
+  per node pair, :mod:`pipette_cp.cost.alltoall_nodes`, per GPU pair elsewhere);
 - **expert data-parallel rings**: the routed experts' gradients are reduced over the
   ranks that hold the same experts (``expert_dp`` of them), apart from the dense
   gradients' rings (:func:`expert_dp_rings`).
@@ -30,6 +31,13 @@ from typing import NamedTuple
 import numpy as np
 
 from pipette_cp.cost import comm
+from pipette_cp.cost.alltoall_nodes import (
+    GroupNodes,
+    group_nodes_of,
+    node_blocks,
+    node_level_times,
+    usable_groups,
+)
 from pipette_cp.specs.cluster import ClusterSpec
 from pipette_cp.specs.plan import Plan
 
@@ -86,8 +94,10 @@ def cp_ring_bandwidths(
     if not f.cp_src.size:
         return np.zeros(pp), np.zeros(pp)
     src, dst = flat[f.cp_src.ravel()], flat[f.cp_dst.ravel()]
-    comm.check_links(fabric, src, dst, "a context-parallel ring")
-    bw, lat = comm.shared_nic_flows(fabric, src, dst)
+    bw = fabric.flat_bandwidth[src * fabric.num_gpus + dst]
+    if not bw.all():
+        comm.check_links(fabric, src, dst, "a context-parallel ring")
+    bw, lat = comm.shared_nic_flows(fabric, src, dst, bw=bw)
     return bw.reshape(pp, -1).min(axis=1), lat.reshape(pp, -1).max(axis=1)
 
 
@@ -112,6 +122,11 @@ def group_nodes(fabric: comm.Fabric, flat: np.ndarray, f: GroupFlows) -> np.ndar
     return 1 + (np.diff(members, axis=-1) != 0).sum(axis=-1)
 
 
+def expert_members(flat: np.ndarray, f: GroupFlows) -> np.ndarray:
+    """The GPUs of every expert group, (pp * groups, ep), in rank order."""
+    return flat[f.ep_groups.reshape(-1, f.ep_groups.shape[-1])]
+
+
 def alltoall_times_s(
     fabric: comm.Fabric, flat: np.ndarray, f: GroupFlows, nbytes: float,
     remote_scale: np.ndarray | float = 1.0,
@@ -124,10 +139,54 @@ def alltoall_times_s(
     :func:`~pipette_cp.cost.comm.shared_nic_flows`' (all flows at once), computed here on
     the flows that leave their NVLink domain only (the hot path of expert layouts)."""
     pp = f.ep_groups.shape[0]
-    if f.ep_groups.shape[-1] <= 1 or nbytes <= 0:
+    return stage_alltoall_times_s(fabric, expert_members(flat, f), pp, nbytes, remote_scale)
+
+
+#: Group sizes up to which every ordered pair is costed directly: two flows a group cost
+#: less than sorting the group by node (80 against 100 us for the 512 groups of ep = 2
+#: on 1,024 H100s, measured on the 2-core development machine)
+PAIRWISE_EP = 2
+
+
+def stage_alltoall_times_s(
+    fabric: comm.Fabric, members: np.ndarray, pp: int, nbytes: float,
+    remote_scale: np.ndarray | float = 1.0, nodes: GroupNodes | None = None,
+) -> np.ndarray:  # fmt: skip
+    """:func:`alltoall_times_s` of the groups ``members`` (GPU ids, (pp * groups, ep),
+    :func:`expert_members`; ``nodes``: their :func:`~pipette_cp.cost.alltoall_nodes.group_nodes_of`
+    if at hand): per node pair where the matrix allows it
+    (:mod:`pipette_cp.cost.alltoall_nodes`), per GPU pair elsewhere."""
+    ep = members.shape[-1]
+    if ep <= 1 or nbytes <= 0:
         return np.zeros(pp)
-    # every flow from the groups' members (pp, groups, ep): gathers from small arrays
-    members = flat[f.ep_groups]
+    scale = None
+    if not np.isscalar(remote_scale) or remote_scale != 1.0:
+        shape = (pp, members.shape[0] // pp)
+        scale = np.broadcast_to(np.asarray(remote_scale, dtype=float), shape).reshape(-1)
+    plain = np.isfinite(nbytes) and (scale is None or bool(np.isfinite(scale).all()))
+    blocks = node_blocks(fabric) if ep > PAIRWISE_EP and plain else None
+    if blocks is not None:
+        groups = nodes if nodes is not None else group_nodes_of(fabric, members)
+        holds = usable_groups(blocks, groups)
+        if holds.any():
+            times, k = node_level_times(fabric, blocks, groups, nbytes, scale)
+            if not holds.all():  # the NIC flows are all groups': pass them on
+                rest = np.flatnonzero(~holds)
+                part = None if scale is None else scale[rest]
+                ranks = pairwise_alltoall_times_s(fabric, members[rest], nbytes, part, k)
+                times[rest] = ranks.max(axis=1)
+            return times.reshape(pp, -1).max(axis=1)
+    return pairwise_alltoall_times_s(fabric, members, nbytes, scale).reshape(pp, -1).max(axis=1)
+
+
+def pairwise_alltoall_times_s(
+    fabric: comm.Fabric, members: np.ndarray, nbytes: float, scale: np.ndarray | None = None,
+    nic_flows: np.ndarray | None = None,
+) -> np.ndarray:  # fmt: skip
+    """Each rank's all-to-all time over every ordered pair of the groups ``members``
+    (GPU ids, (groups, ep)), s, (groups, ep): :func:`alltoall_times_s` before the
+    maximum over ranks; ``scale`` (per group) as its ``remote_scale``; ``nic_flows``: the
+    flows through every node's NICs (default: those of ``members``' own flows)."""
     peer = _peers(members.shape[-1])
     dst = members[..., peer]
     bw = fabric.bandwidth[members[..., None], dst]
@@ -138,9 +197,10 @@ def alltoall_times_s(
     remote = dom[..., None] != dom[..., peer]
     latency = np.full(members.shape, fabric.intra_node_latency_s)
     if remote.any():
-        # all pairs of each group: the flows leaving a node equal those entering it
-        counts = remote.sum(axis=-1)
-        k = np.bincount(node.ravel(), weights=counts.ravel(), minlength=fabric.num_nodes)
+        k = nic_flows
+        if k is None:  # all pairs of each group: the flows leaving a node equal those entering it
+            counts = remote.sum(axis=-1)
+            k = np.bincount(node.ravel(), weights=counts.ravel(), minlength=fabric.num_nodes)
         kn = np.maximum(k[node], 1.0)
         share = fabric.nic_capacity_bytes_per_s / np.maximum(kn[..., None], kn[..., peer])
         bw = np.where(remote, np.minimum(bw, share), bw)
@@ -149,12 +209,11 @@ def alltoall_times_s(
         across = (node[..., None] != node[..., peer]).any(axis=-1)
         latency[across] = fabric.inter_node_latency_s
     t = nbytes / bw
-    if not np.isscalar(remote_scale) or remote_scale != 1.0:
-        scale = np.broadcast_to(np.asarray(remote_scale, dtype=float)[..., None, None], t.shape)
-        t = np.where(remote, t * scale, t)
+    if scale is not None:
+        t = np.where(remote, t * scale[:, None, None], t)
     serial = np.where(remote, 0.0, t).sum(axis=-1)  # one NVLink port, one send after another
     parallel = np.where(remote, t, 0.0).max(axis=-1)  # through the NICs, all at once
-    return (np.maximum(serial, parallel) + latency).reshape(pp, -1).max(axis=1)
+    return np.maximum(serial, parallel) + latency
 
 
 @functools.lru_cache(maxsize=64)

@@ -22,11 +22,12 @@ import numpy as np
 from pipette_cp.cost import comm
 from pipette_cp.cost.alltoall import (
     GroupFlows,
-    alltoall_times_s,
     expert_dp_rings,
-    group_nodes,
+    expert_members,
     node_dedup_factor,
+    stage_alltoall_times_s,
 )
+from pipette_cp.cost.alltoall_nodes import group_nodes_of
 from pipette_cp.cost.dp_collectives import gradient_wire_bytes
 from pipette_cp.cost.layout_check import num_micro_batches
 from pipette_cp.cost.moe import dispatch_bytes, moe_layers_by_chunk, rank_tokens
@@ -71,12 +72,16 @@ class GroupCosts:
         busiest stage's share)."""
         inst = self.instance
         scale: np.ndarray | float = 1.0
+        members, nodes = expert_members(flat, groups), None
         if inst.training.moe_token_dispatcher == "flex":  # DeepEP: once per remote node
-            nodes = group_nodes(self.fabric, flat, groups)
-            scale = node_dedup_factor(inst.model.num_experts, inst.model.moe_top_k, nodes)
-        a2a = alltoall_times_s(self.fabric, flat, groups, peer_bytes(inst, plan), scale)
+            nodes = group_nodes_of(self.fabric, members)
+            spread = nodes.distinct.reshape(plan.pp, -1)
+            scale = node_dedup_factor(inst.model.num_experts, inst.model.moe_top_k, spread)
+        nbytes = self._cached(("peer bytes", key), lambda: peer_bytes(inst, plan))
+        a2a = stage_alltoall_times_s(self.fabric, members, plan.pp, nbytes, scale, nodes)
         moe = self._cached(("moe layers", key), lambda: moe_layers_by_chunk(inst.model, plan))
-        per_layer = a2a[np.arange(plan.pp * plan.vpp) % plan.pp] * moe
+        rows = self._cached(("chunk stages", key), lambda: _chunk_stages(plan))
+        per_layer = a2a[rows] * moe
         n_fwd, n_bwd = alltoalls_per_layer(plan)
         forward = stages.forward_s + n_fwd * per_layer
         backward = stages.backward_s + n_bwd * per_layer
@@ -120,8 +125,9 @@ class GroupCosts:
             return zeros, zeros
         rings = expert_dp_rings(flat, groups)
         per = rings.shape[0] // pp
-        experts = np.repeat(self._split(plan, key)[:, 1], per)
-        grad, elem = gradient_wire_bytes(training), float(BYTES_PER_ELEMENT[training.precision])
+        grad_bytes, param_bytes = self._cached(
+            ("expert ring bytes", key), lambda: self._expert_ring_bytes(plan, key, per)
+        )
         what = "an expert data-parallel gradient sync"
 
         def run(op: comm.Collective, nbytes: np.ndarray) -> np.ndarray:
@@ -129,6 +135,24 @@ class GroupCosts:
             return t.reshape(pp, per).max(axis=1)
 
         if not plan.distributed_optimizer:
-            return run("all_reduce", experts * grad), zeros
-        gather = zeros if training.overlap_param_gather else run("all_gather", experts * elem)
-        return run("reduce_scatter", experts * grad), gather
+            return run("all_reduce", grad_bytes), zeros
+        gather = zeros if training.overlap_param_gather else run("all_gather", param_bytes)
+        return run("reduce_scatter", grad_bytes), gather
+
+    def _expert_ring_bytes(self, plan: Plan, key: tuple, per: int) -> tuple[np.ndarray, np.ndarray]:
+        """Gradient and parameter bytes of every expert data-parallel ring (``per`` rings
+        a stage), read-only."""
+        training = self.instance.training
+        experts = np.repeat(self._split(plan, key)[:, 1], per)
+        grad, elem = gradient_wire_bytes(training), float(BYTES_PER_ELEMENT[training.precision])
+        out = experts * grad, experts * elem
+        for array in out:
+            array.flags.writeable = False
+        return out
+
+
+def _chunk_stages(plan: Plan) -> np.ndarray:
+    """The pipeline stage of every virtual stage (``c * pp + s``), read-only."""
+    out = np.arange(plan.pp * plan.vpp) % plan.pp
+    out.flags.writeable = False
+    return out
