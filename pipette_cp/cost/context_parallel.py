@@ -20,6 +20,15 @@ The bandwidth ``B`` is the bottleneck link of the stage's rings (from the placem
 :func:`pipette_cp.cost.compute.chunk_times` receives no ring latency (a few
 microseconds per step against milliseconds of attention at the sequence lengths where
 context parallelism is used).
+
+Another framework's ring is costed with the same per-step form and bytes.  torchtitan's
+(PyTorch's ``context_parallel``) differs: it all-gathers K/V once, after the first step,
+and passes dK/dV in fp32, both at the query heads' width (torchtitan repeats K/V before
+SDPA); not modelled.  On NVLink the attention hides it (torchtitan's 8B rows); a ring
+across nodes (its 405B rows, tp 8) may expose part of the all-gather.  Its attention
+steps run slower than one fused kernel call: the framework's ``cp_attention_efficiency``
+(:mod:`pipette_cp.cost.framework`), which :func:`pipette_cp.cost.compute.cp_step_thresholds_s`
+includes.
 """
 
 from __future__ import annotations

@@ -7,10 +7,11 @@ otherwise: bf16 weights (2 B), fp32 gradient buffer (4 B), fp32 master weights
 distributed optimizer).  ``compute_efficiency`` scales the calibrated compute
 model (fitted on Megatron-LM and Megatron-Core runs, so 1.0 for both); for the
 others it is the one parameter fitted per framework (llm-foundry also fits its
-attention efficiency):
+attention efficiency, torchtitan its ring attention's speed with context parallelism):
 ``1 / median(predicted / measured throughput)`` over the fit side of the published
-runs (``python -m pipette_cp.experiments.published_runs_report --fit``), the median so that
-outliers do not move it.
+runs (``python -m pipette_cp.experiments.published_runs_report --fit``; torchtitan's rows
+are in ``published_runs_moe_cp.csv``: ``python -m pipette_cp.experiments.fp8_accuracy
+--fit``), the median so that outliers do not move it.
 """
 
 from __future__ import annotations
@@ -49,6 +50,16 @@ class Framework:
     #: weight gradient instead of the bf16 one; false for torchao's Float8Linear, which
     #: saves the high-precision input and weight and casts them at every GEMM
     fp8_keeps_fp8_tensors: bool = True
+    #: factor on the fused attention's efficiency with context parallelism (cp > 1): the
+    #: ring attention's own cost beyond one kernel call's (Transformer Engine's fused p2p
+    #: ring: 1.0)
+    cp_attention_efficiency: float = 1.0
+    #: bytes per logit alive at the peak of an unfused loss (None: Megatron's
+    #: ``cost.kernels.LOGITS_KEPT_BYTES``); a fused loss keeps the bf16 logits alone
+    loss_logit_bytes: float | None = None
+    #: ``selective`` recomputation is per-op checkpointing with torchtitan's policy
+    #: (``cost.memory_recompute``) rather than Megatron's (the attention core)
+    op_selective_recompute: bool = False
 
     def compute_scale(self, gpu_family: str) -> float:
         """The factor on the calibrated compute rates on a GPU of ``gpu_family``."""
@@ -117,15 +128,36 @@ FRAMEWORKS: dict[str, Framework] = {
         keeps_compute_weights=False,
         runtime_bytes=_FSDP_RUNTIME_BYTES,
     ),
-    # torchtitan (FSDP2, the same fp32-shard mixed precision as FSDP; SDPA flash attention):
-    # no rows, so llm-foundry's compute speed per GPU family with the kernel's own attention.
+    # torchtitan (FSDP2, the same fp32-shard mixed precision as FSDP; SDPA flash attention;
+    # its H100 rows in published_runs_moe_cp.csv, 500 W HBM2e parts).  H100 compute speed:
+    # the frameworks' rule on the fit side's 4 BF16 rows without context parallelism (8B,
+    # 8 and 128 GPUs, eager and compiled: median predicted / measured throughput 1.000),
+    # `python -m pipette_cp.experiments.fp8_accuracy --fit`; A100: llm-foundry's (no rows).
     "torchtitan": _megatron_layout(
         "torchtitan",
         1.0,
-        "not fitted: llm-foundry's compute speed per GPU family (no rows)",
-        gpu_efficiency=(("A100", 1.043), ("H100", 0.887)),
+        "fitted: H100 on the fit side's 4 torchtitan BF16 rows (published_runs_moe_cp.csv); "
+        "A100 llm-foundry's (no rows); cp attention efficiency by grid (3 rows)",
+        gpu_efficiency=(("A100", 1.043), ("H100", 0.738)),
         keeps_compute_weights=False,
         runtime_bytes=_FSDP_RUNTIME_BYTES,
+        # Its loss (train.py at 9dec370, not compiled): cross_entropy(pred.float(), labels)
+        # keeps the fp32 log-softmax output (4 B) for its backward, where the fp32
+        # gradient from the NLL (4 B) and the log-softmax's fp32 input gradient (4 B) are
+        # alive with it: 12 B per logit; the bf16 logits are freed first (`del pred`).
+        loss_logit_bytes=12.0,
+        # `selective` is its per-op checkpointing (activation_checkpoint "op" policy)
+        op_selective_recompute=True,
+        # PyTorch's ring attention (torch.distributed.tensor.experimental._attention, the
+        # torch of these runs): one SDPA call per ring step on half-chunks, every step's
+        # output and log-sum-exp merged in fp32, dQ/dK/dV accumulated and dK/dV passed
+        # round the ring in fp32, K/V copied (concatenated) every step at the query heads'
+        # width (torchtitan repeats K/V before SDPA) and all-gathered after the first step.
+        # How much slower that makes the attention is not derived from the sources:
+        # fitted, the grid value minimising the step-time MAPE of the fit side's 3
+        # torchtitan rows with cp > 1 (8B at cp 2, 4, 8: +30.9, -0.4, -3.6 %),
+        # `python -m pipette_cp.experiments.moe_cp_accuracy --fit`.
+        cp_attention_efficiency=0.73,
         # torchao float8 (torchtitan's Float8): matmul_with_hp_or_float8_args saves
         # (input_hp, weight_hp_t) for backward and casts both at every call
         fp8_keeps_fp8_tensors=False,
@@ -179,8 +211,10 @@ def framework_calibration(cal: GpuCalibration, training: TrainingSpec) -> GpuCal
     )
 
 
-def attention_scale(training: TrainingSpec, gpu_family: str) -> float:
+def attention_scale(training: TrainingSpec, gpu_family: str, cp: int = 1) -> float:
     """Factor on a fused attention kernel's efficiency: the framework's compute scale on
-    that GPU family and its attention efficiency."""
+    that GPU family and its attention efficiency (with ``cp > 1`` also its
+    ``cp_attention_efficiency``)."""
     fw = resolve_framework(training.framework)
-    return fw.compute_scale(gpu_family) * fw.attention_efficiency
+    ring = fw.cp_attention_efficiency if cp > 1 else 1.0
+    return fw.compute_scale(gpu_family) * fw.attention_efficiency * ring

@@ -15,6 +15,7 @@ Parts (all bytes, for the most loaded GPU of the stage):
   stage, times the micro-batches in flight under (interleaved) 1F1B; plus the embedding's
   inputs on the first stage and the final norm's on the last.  A GPU keeps ``s b / cp``
   tokens of every term (context parallelism; unfused attention scores ``s/cp x s``).
+  torchtitan's ``selective`` is its per-op checkpointing (:mod:`~pipette_cp.cost.memory_recompute`).
 - logits: the last stage's vocabulary-parallel logits, bf16 and fp32 copies.
 - temporary: the working set of the layer being back-propagated (gradients of
   its activations, and its re-materialised activations under recompute), the
@@ -36,7 +37,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from pipette_cp.cost import memory_moe, parameters
+from pipette_cp.cost import memory_moe, memory_recompute, parameters
 from pipette_cp.cost.calibration import MEMORY_CALIBRATION, MemoryCalibration
 from pipette_cp.cost.framework import resolve_framework
 from pipette_cp.cost.kernels import (
@@ -200,6 +201,9 @@ def _kept_layer_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan, moe:
         tokens = training.seq_length * plan.micro_batch_size / plan.cp
         layer_input = 2.0 * tokens * model.hidden_size
         return layer_input / plan.tp if plan.sequence_parallel else layer_input
+    if (plan.recompute == "selective" and not moe and uses_fused_attention(training, plan)
+            and resolve_framework(training.framework).op_selective_recompute):  # fmt: skip
+        return memory_recompute.op_selective_layer_bytes(model, training, plan)  # torchtitan's
     return _full_layer_activation_bytes(model, training, plan, moe)
 
 
@@ -226,11 +230,16 @@ def logits_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
     The LM head writes ``s b V/t`` bf16 logits (2 B; ``/ cp``: a GPU's tokens) and the
     cross-entropy keeps an fp32 copy (4 B) for its backward (Megatron
     ``_VocabParallelCrossEntropy``: ``logits.float()``, exp in place, saved for
-    backward): 6 B per element at the peak.  Under 1F1B the last stage runs each micro-batch's backward right
-    after its forward, so one micro-batch of logits is alive.
+    backward): 6 B per element at the peak.  A framework with its own unfused loss says
+    what it keeps (``Framework.loss_logit_bytes``: torchtitan's eager fp32 loss, 12 B).
+    Under 1F1B the last stage runs each micro-batch's backward right after its forward,
+    so one micro-batch of logits is alive.
     """
     vocab = padded_vocab_size(model, plan.tp)
     kept = LOGITS_KEPT_BYTES[training.fused_cross_entropy]  # 2 B when the loss is fused
+    own = resolve_framework(training.framework).loss_logit_bytes
+    if own is not None and not training.fused_cross_entropy:  # the framework's own loss
+        kept = own
     return kept * training.seq_length / plan.cp * plan.micro_batch_size * vocab / plan.tp
 
 

@@ -18,9 +18,12 @@ GEMM ceiling ``eta_fp8`` of the H100 family
 (:data:`pipette_cp.cost.calibration.GPU_CALIBRATION`) on the fit side of the NeMo rows
 (:data:`FIT_FAMILIES`; Transformer Engine, the stack the product costs and exports) by the
 grid search of :func:`pipette_cp.cost.calibration.fit_gemm_efficiency` on step-time
-errors, and prints it.  Every other row is held out of the fit: NeMo's held-out side and
-every torchtitan row (torchao, another stack, whose BF16 speed is not fitted: its
-framework borrows llm-foundry's compute efficiency).
+errors, and prints it.  Every other row is held out of that fit: NeMo's held-out side and
+every torchtitan row (torchao, another stack).  ``--fit`` also re-fits torchtitan's H100
+compute efficiency on the fit side's torchtitan BF16 rows
+(:func:`pipette_cp.experiments.torchtitan_rows.fit_compute_efficiency`; the profile,
+:data:`pipette_cp.cost.framework.FRAMEWORKS`, holds the result), so that its FP8 rows
+test the FP8 model on top of a fitted BF16 speed; the report then uses both values.
 
 Assumptions where a row is silent:
 
@@ -31,10 +34,14 @@ Assumptions where a row is silent:
   ReLU as two GEMMs of width ffn (as GeLU), LayerNorm, RoPE, no biases, vocabulary 256000.
 - torchtitan: Llama 3.1 (SwiGLU, RMSNorm, RoPE base 500000, no biases, no dropout), SDPA
   FlashAttention 2, fused norms and activations only under torch.compile, ``selective`` =
-  Megatron's selective recomputation (torchtitan's per-op checkpointing is not modelled),
-  FSDP2 as ZeRO-3 (ZeRO-1 under pipeline parallelism), micro-batches of local batch / pp,
-  two virtual stages per rank for interleaved 1F1B.  Memory: torchtitan prints the
-  allocator's peak (GiB), the model the nvidia-smi-like peak (runtime constant included).
+  torchtitan's per-op checkpointing for memory (:mod:`pipette_cp.cost.memory_recompute`)
+  and Megatron's selective recomputation for time, FSDP2 as ZeRO-3 (ZeRO-1 under pipeline
+  parallelism), micro-batches of local batch / pp, two virtual stages per rank for
+  interleaved 1F1B; the benchmark's H100 with 2.4 TB/s of HBM2e
+  (:data:`~pipette_cp.experiments.published_runs_setup.TORCHTITAN_GPU`).  Memory:
+  torchtitan prints the caching allocator's reserved peak (``reserved_bytes.all.peak``,
+  GiB, the largest of all GPUs), the model the nvidia-smi-like peak (runtime constant
+  included).
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ import numpy as np
 
 from pipette_cp.cost import calibration as calib
 from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.cost.framework import resolve_framework
+from pipette_cp.experiments import torchtitan_rows
 from pipette_cp.experiments.accuracy import read_rows
 from pipette_cp.experiments.calibration_split import FIT, HELD_OUT, assign_split, family
 from pipette_cp.experiments.published_runs_setup import (
@@ -60,6 +69,7 @@ from pipette_cp.experiments.published_runs_setup import (
     row_precision,
 )
 from pipette_cp.io.paths import INSTANCES_DIR
+from pipette_cp.specs.training import FrameworkProfile
 from pipette_cp.units import GiB
 
 #: The bundled copy of the runs with experts, context parallelism or FP8.
@@ -110,9 +120,13 @@ def fp8_rows(path: Path = MOE_CP_CSV) -> list[tuple[dict[str, str], str]]:
     return [(r, s) for r, s in zip(rows, sides, strict=True) if is_dense_fp8_family_row(r)]
 
 
-def evaluate_row(row: dict[str, str], side: str) -> Fp8Result:
-    """Predict one row with today's calibration."""
-    setup = fp8_family_setup(row)
+def evaluate_row(
+    row: dict[str, str], side: str, torchtitan_efficiency: float | None = None
+) -> Fp8Result:
+    """Predict one row with today's calibration (``torchtitan_efficiency``: the compute
+    efficiency of a torchtitan row; None: the profile's)."""
+    titan = family(row) == "torchtitan"
+    setup = fp8_family_setup(row, compute_efficiency=torchtitan_efficiency if titan else None)
     inst, plan = setup.instance, setup.plan
     evaluation = Evaluator(inst).evaluate(plan)
     tokens = inst.training.global_batch_size * inst.training.seq_length
@@ -126,15 +140,20 @@ def evaluate_row(row: dict[str, str], side: str) -> Fp8Result:
     )  # fmt: skip
 
 
-def run_fp8(path: Path = MOE_CP_CSV, eta_fp8: float | None = None) -> list[Fp8Result]:
+def run_fp8(
+    path: Path = MOE_CP_CSV,
+    eta_fp8: float | None = None,
+    torchtitan_efficiency: float | None = None,
+) -> list[Fp8Result]:
     """Every row of :func:`fp8_rows` evaluated (with ``eta_fp8`` as the H100 family's FP8
-    GEMM ceiling if given)."""
+    GEMM ceiling and ``torchtitan_efficiency`` as torchtitan's compute efficiency if
+    given)."""
     rows = fp8_rows(path)
     if eta_fp8 is None:
-        return [evaluate_row(r, s) for r, s in rows]
+        return [evaluate_row(r, s, torchtitan_efficiency) for r, s in rows]
     cal = replace(calib.GPU_CALIBRATION[FP8_GPU_FAMILY], fp8_gemm_efficiency_max=eta_fp8)
     with patch.dict(calib.GPU_CALIBRATION, {FP8_GPU_FAMILY: cal}):
-        return [evaluate_row(r, s) for r, s in rows]
+        return [evaluate_row(r, s, torchtitan_efficiency) for r, s in rows]
 
 
 def _fit_side(results: list[Fp8Result]) -> list[Fp8Result]:
@@ -244,15 +263,20 @@ def format_memory(results: list[Fp8Result]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """Print the report (``--fit``: first re-fit ``eta_fp8`` and print it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fit", action="store_true", help="re-fit the FP8 GEMM ceiling")
+    parser.add_argument("--fit", action="store_true",
+                        help="re-fit the FP8 GEMM ceiling and torchtitan's compute efficiency")  # fmt: skip
     args = parser.parse_args(argv)
-    eta = None
+    eta = titan = None
     if args.fit:
         eta, objective = fit_fp8()
         fitted = sum(1 for r in _fit_side(run_fp8(eta_fp8=eta)))
         print(f"fitted eta_fp8 ({FP8_GPU_FAMILY}) = {eta:.3f} on {fitted} rows "
-              f"(objective MAPE + 0.25 x worst = {objective:.4f})\n")  # fmt: skip
-    print(format_report(run_fp8(eta_fp8=eta)))
+              f"(objective MAPE + 0.25 x worst = {objective:.4f})")  # fmt: skip
+        titan, count = torchtitan_rows.fit_compute_efficiency()
+        held = resolve_framework(FrameworkProfile(name="torchtitan")).compute_scale("H100")
+        print(f"fitted torchtitan compute efficiency (H100) = {titan:.3f} on {count} fit-side "
+              f"BF16 rows (the profile holds {held:.3f})\n")  # fmt: skip
+    print(format_report(run_fp8(eta_fp8=eta, torchtitan_efficiency=titan)))
     return 0
 
 

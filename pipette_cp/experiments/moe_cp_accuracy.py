@@ -9,12 +9,17 @@ the :class:`~pipette_cp.cost.evaluate.Evaluator` and prints the step-time MAPE p
 row (layout, measured, predicted, error, where the predicted time goes, and the share of
 it the fused attention takes: what halving its speed adds), the rows skipped and why, the
 error of the cp = 1 rows of the torchtitan long-context sweeps beside their cp > 1 rows,
-and predicted vs measured peak memory of the torchtitan rows with cp > 1.
-``--fit`` fits two parameters on the fit side only and prints them with the held-out
+and predicted vs measured peak memory of the torchtitan rows with cp > 1
+(:mod:`pipette_cp.experiments.torchtitan_rows`).
+``--fit`` fits three parameters on the fit side only and prints them with the held-out
 errors (:func:`fit_parameters`): the MoE load imbalance of dropless routing
 (``TrainingSpec.moe_load_imbalance``, on the forced-balance / dropless throughput pairs of
-the long-context Qwen3 rows) and the compute efficiency of NeMo's FP8 MoE runs
-(``FrameworkProfile.compute_efficiency`` of the Grok-1 FP8 rows).
+the long-context Qwen3 rows), the compute efficiency of NeMo's FP8 MoE runs
+(``FrameworkProfile.compute_efficiency`` of the Grok-1 FP8 rows) and the fused
+attention's speed under torchtitan's ring attention (``cp_attention_efficiency`` of the
+torchtitan profile, on its 8B rows with cp > 1,
+:func:`~pipette_cp.experiments.torchtitan_rows.fit_cp_attention_efficiency`; the profile
+holds the value, the other two are printed only).
 
 Measured step times: the ``step_time_s=`` note (Grok-1, Qwen3 H100 table); else
 ``tokens_per_s_per_gpu`` (NeMo, torchtitan: GBS x seq / (tokens/s/GPU x GPUs)); else the
@@ -54,8 +59,9 @@ Assumptions where a row is silent:
   dp x cp ranks as the plan's replicas do.
 - Context parallelism everywhere as Megatron-Core's p2p ring (``--cp-comm-type p2p``, the
   default of NeMo and Megatron-MoE-ModelZoo; torchtitan's PyTorch ring attention is costed
-  as the same ring), load-balanced causal chunks, each K/V transfer overlapped with the
-  attention step on the chunk already held (:mod:`pipette_cp.cost.context_parallel`).
+  as the same ring, its attention steps at the profile's fitted
+  ``cp_attention_efficiency``), load-balanced causal chunks, each K/V transfer overlapped
+  with the attention step on the chunk already held (:mod:`pipette_cp.cost.context_parallel`).
 - H100 clusters: nominal, 8 GPUs per node on NVLink at 0.8 x the datasheet, 8 NICs at
   40 GB/s each under load (as :mod:`pipette_cp.experiments.accuracy`); torchtitan's
   96 GB H100 as in :mod:`pipette_cp.experiments.fp8_accuracy`.
@@ -64,7 +70,6 @@ Assumptions where a row is silent:
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -73,11 +78,9 @@ import numpy as np
 
 from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.cost.framework import resolve_framework
-from pipette_cp.experiments import fp8_accuracy
-from pipette_cp.experiments.accuracy import read_rows
-from pipette_cp.experiments.calibration_split import FIT, HELD_OUT, assign_split, family
+from pipette_cp.experiments import torchtitan_rows
+from pipette_cp.experiments.calibration_split import FIT, HELD_OUT, family
 from pipette_cp.experiments.moe_cp_setup import (
-    MOE_CP_CSV,
     DroplessPair,
     Skip,
     dropless_pairs,
@@ -199,6 +202,8 @@ class Fit:
     imbalance_mape: float
     fp8_moe_efficiency: float
     efficiency_mape: float
+    cp_attention: float = 1.0
+    cp_attention_mape: float = 0.0
 
 
 def _grid_min(grid: Iterable[float], objective: Callable[[float], float]) -> tuple[float, float]:
@@ -207,7 +212,8 @@ def _grid_min(grid: Iterable[float], objective: Callable[[float], float]) -> tup
 
 
 def fit_parameters() -> Fit:
-    """The two parameters, each by grid search on the fit side only:
+    """The three parameters, each by grid search on the fit side only (the third:
+    :func:`~pipette_cp.experiments.torchtitan_rows.fit_cp_attention_efficiency`):
 
     - dropless load imbalance (:data:`IMBALANCE_GRID`): minimises the MAPE of the
       predicted over measured dropless / forced-balance slowdown of the fit-side pairs
@@ -231,7 +237,8 @@ def fit_parameters() -> Fit:
 
     imbalance, imbalance_mape = _grid_min(IMBALANCE_GRID, ratio_mape)
     efficiency, efficiency_mape = _grid_min(EFFICIENCY_GRID, step_mape)
-    return Fit(imbalance, imbalance_mape, efficiency, efficiency_mape)
+    cp_attention, cp_mape, _ = torchtitan_rows.fit_cp_attention_efficiency()
+    return Fit(imbalance, imbalance_mape, efficiency, efficiency_mape, cp_attention, cp_mape)
 
 
 # ----------------------------------------------------------------------- report
@@ -282,38 +289,6 @@ def format_rows(results: list[RowResult]) -> list[str]:
             f"{r.measured_from:11s} {r.measured_s:8.2f} {r.predicted_s:8.2f} "
             f"{100 * r.error:+6.1f}% {'yes' if r.fits else 'no ':4s} | {shares} | {r.attention:4.2f}"
         )
-    return lines
-
-
-def format_references(results: list[RowResult]) -> list[str]:
-    """The cp = 1 rows of the torchtitan long-context sweeps (the FP8 experiment's setup),
-    beside their cp > 1 rows: what context parallelism adds to the error."""
-    lines = ["torchtitan long-context sweeps: step-time error at cp = 1 (the FP8 "
-             "experiment's rows) and cp > 1"]  # fmt: skip
-    rows = read_rows(MOE_CP_CSV)
-    for i, (row, side) in enumerate(zip(rows, assign_split(rows), strict=True)):
-        kind = row["notes"].split(";")[0]
-        if family(row) == "torchtitan" and "long-context" in kind and row_cp(row) == 1:
-            ref = fp8_accuracy.evaluate_row(row, side)
-            rest = [f"cp{r.cp} {100 * r.error:+.1f}% (attn {r.attention:.2f})" for r in results
-                    if r.family == "torchtitan" and r.name == row["model_name"]]  # fmt: skip
-            lines.append(f"  {row['model_name']}: cp1 (#{i}) {100 * ref.time_error:+.1f}%; "
-                         + ", ".join(rest))  # fmt: skip
-    return lines
-
-
-def format_memory(results: list[RowResult]) -> list[str]:
-    """Predicted vs measured peak memory of the torchtitan rows with cp > 1."""
-    rows = [r for r in results if r.family == "torchtitan" and r.cp > 1
-            and math.isfinite(r.measured_mem_gib)]  # fmt: skip
-    lines = ["torchtitan rows with cp > 1, peak memory (GiB): layout measured predicted error"]
-    for r in rows:
-        error = r.predicted_mem_gib / r.measured_mem_gib - 1
-        lines.append(f"  {r.index:2d} {r.name[:14]:14s} {r.layout:36s} {r.measured_mem_gib:6.1f} "
-                     f"{r.predicted_mem_gib:6.1f} {100 * error:+6.1f}%")  # fmt: skip
-    if rows:
-        m = mape([r.predicted_mem_gib for r in rows], [r.measured_mem_gib for r in rows])
-        lines.append(f"  memory MAPE {100 * m:.1f}% over {len(rows)} rows")
     return lines
 
 
@@ -369,27 +344,35 @@ def format_report(results: list[RowResult], skipped: list[Skipped]) -> str:
     lines = [*format_summary(results), "", *format_rows(results), ""]
     lines.append(f"skipped ({len(skipped)}):")
     lines += [f"  {s.index:2d} {s.family:12s} {s.name[:24]:24s} {s.reason}" for s in skipped]
-    lines += ["", *format_references(results), "", *format_memory(results)]
+    lines += ["", *torchtitan_rows.format_references(results)]
+    lines += ["", *torchtitan_rows.format_memory(results)]
     lines += ["", *format_flop_check()]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the report (``--fit``: first fit the two parameters and print them; the
+    """Print the report (``--fit``: first fit the three parameters and print them; the
     report then uses them)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fit", action="store_true", help="fit the two parameters")
+    parser.add_argument("--fit", action="store_true", help="fit the three parameters")
     args = parser.parse_args(argv)
     efficiency, imbalance = None, 1.0
+    cp_attention = resolve_framework(FrameworkProfile(name="torchtitan")).cp_attention_efficiency
     if args.fit:
         fit = fit_parameters()
         efficiency, imbalance = fit.fp8_moe_efficiency, fit.imbalance
         print(f"fitted dropless moe_load_imbalance = {fit.imbalance:.3f} (fit-side slowdown "
               f"MAPE {100 * fit.imbalance_mape:.1f}%)")  # fmt: skip
         print(f"fitted compute_efficiency of NeMo FP8 MoE rows = {efficiency:.3f} (NeMo's "
-              f"0.926; fit-side step-time MAPE {100 * fit.efficiency_mape:.1f}%)\n")  # fmt: skip
-    results, skipped = run(efficiency)
-    print(format_report(results, skipped))
+              f"0.926; fit-side step-time MAPE {100 * fit.efficiency_mape:.1f}%)")  # fmt: skip
+        print(f"fitted cp_attention_efficiency of torchtitan = {fit.cp_attention:.2f} (the "
+              f"profile holds {cp_attention:.2f}; fit-side step-time MAPE "
+              f"{100 * fit.cp_attention_mape:.1f}%)\n")  # fmt: skip
+        cp_attention = fit.cp_attention
+    with torchtitan_rows.cp_attention_efficiency(cp_attention):
+        results, skipped = run(efficiency)
+        report = format_report(results, skipped)
+    print(report)
     print("", *format_pairs(dropless_pairs(imbalance), imbalance), sep="\n")
     return 0
 

@@ -179,10 +179,16 @@ def _mpt_setup(row: dict[str, str], setup: RowSetup, framework: FrameworkProfile
 #: (Megatron-Core with Transformer Engine FP8) and torchtitan (torchao Float8).
 FP8_FAMILY_FRAMEWORK = {"nemo": "nemo", "torchtitan": "torchtitan"}
 #: torchtitan's H100 (Grand Teton, 96 GB, 500 W power limit): the H100 SXM5 datasheet
-#: peaks and bandwidths (the power limit is not modelled) with 96 GiB of memory.
+#: peaks and NVLink (the power limit is not modelled: the benchmark says the peak lies
+#: between SXM and NVL and is not known; the framework's fitted compute efficiency takes
+#: it) with 96 GiB of HBM2e at 2.4 TB/s, as the benchmark's "Hardware" section states.
 TORCHTITAN_GPU = resolve_gpu("h100").model_copy(
-    update={"name": "H100-SXM-96GB-500W", "memory_bytes": 96.0 * 2**30}
-)
+    update={"name": "H100-SXM-96GB-500W", "memory_bytes": 96.0 * 2**30,
+            "hbm_bandwidth_bytes_per_s": 2.4e12,
+            "source": "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, "
+                      "Hardware: H100 (Grand Teton), 96GB HBM2e at 2.4 TB/s, 500 W; peaks "
+                      "and NVLink of the H100 SXM5 datasheet"}
+)  # fmt: skip
 #: Micro-batches per pipeline of torchtitan's pipeline schedules at 9dec370 when the row
 #: does not say: as many as pipeline stages (``pipeline_parallel_microbatches`` unset);
 #: interleaved 1F1B with 2 virtual stages per rank (not stated).
