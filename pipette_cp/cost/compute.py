@@ -103,7 +103,7 @@ def _attention_core_times(
         flops = 0.5 * sum(g.flops for g in gemms)
         efficiency = fused_attention_efficiency(
             kernel, gpu, cal.flash_attention_efficiency
-        ) * attention_scale(training, cal.gpu_family)
+        ) * attention_scale(training, cal.gpu_family, plan.cp)
         forward = flops / (efficiency * peak_flops(gpu))
         return forward, 2.5 * forward
     drop = 1.0 if training.dropout else 0.0
@@ -113,6 +113,16 @@ def _attention_core_times(
     forward = sum(gemm_time_s(g, gpu, cal) for g in gemms) + _hbm_time_s(softmax_bytes, gpu, cal)
     backward_gemms = sum(gemm_time_s(x, gpu, cal) for g in gemms for x in g.backward())
     return forward, backward_gemms + 2.0 * _hbm_time_s(softmax_bytes, gpu, cal)
+
+
+def cp_step_thresholds_s(
+    model: ModelSpec, training: TrainingSpec, gpu: GpuSpec, plan: Plan
+) -> tuple[float, float]:
+    """(forward, backward) attention core per context-parallel ring step, s: the time
+    one K/V pass hides behind (:func:`~pipette_cp.cost.context_parallel.ring_exposed_s`)."""
+    cal = framework_calibration(calibration_for(gpu), training)
+    forward, backward = _attention_core_times(model, training, gpu, plan, cal)
+    return forward / plan.cp, backward / plan.cp
 
 
 def _layer_tp_comm_s(

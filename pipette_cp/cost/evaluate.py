@@ -233,7 +233,7 @@ class Evaluator(GroupCosts, DpCosts):
             stage_gpu = [self._gpu_of_gpu[int(g)] for g in slowest]
         groups: GroupFlows | None = None
         cp_bw = np.zeros(pp)
-        if plan.cp > 1 or plan.ep > 1:
+        if plan.cp > 1 or plan.ep > 1 or (model.is_moe and expert_rings_apart(plan)):
             groups = self._cached(("groups", key), partial(group_flows, plan))
             cp_bw = cp_ring_bandwidths(fabric, flat, groups)[0]
         stages = self._stage_times(plan, key, stage_gpu, stage_bw, cp_bw)

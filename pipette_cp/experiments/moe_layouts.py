@@ -1,6 +1,6 @@
 """Expert and context parallelism: predict speed, and the search on a degraded H100 cluster.
 
-``python -m pipette_cp.experiments.moe_layouts [--part 1|2]``
+``python -m pipette_cp.experiments.moe_layouts [--part 1|2|3|4|5]``
 
 1. ``predict`` time per layout of mixture-of-experts layouts (Qwen3-235B-A22B, ep up
    to 64, with and without cp) on generated H100 (G2) clusters of 256 and 1,024 GPUs: the
@@ -17,6 +17,10 @@
    (:data:`SPANNING`, two and four nodes), cpsat with a 30 s limit each.
 4. cpsat and milp against the brute-force oracle (every placement, scored by the
    evaluator) on a tiny cluster where Megatron's order puts the groups on slow pairs.
+5. The placement masters alone (Kelley's loop from no start, ring all-reduce) against the
+   brute-force oracle on tiny clusters whose node pairs differ (5, 12 or 20 GB/s, every
+   GPU pair of two nodes alike, so the expert and context-parallel families are priced):
+   status, time and bound over the oracle's, and Megatron's order over the oracle's.
 """
 
 from __future__ import annotations
@@ -197,9 +201,53 @@ def oracle_part(time_limit_s: float = 4.0) -> None:
         print(line + "  (x the oracle's time)")
 
 
+#: (dp, pp, tp, cp, ep, etp, GPUs per node) of part 5
+MASTER_LAYOUTS = (
+    (4, 1, 1, 1, 2, None, 2), (2, 1, 1, 2, 2, None, 2), (2, 1, 2, 1, 4, 1, 2),
+    (3, 1, 1, 2, 2, None, 3), (6, 1, 1, 1, 2, None, 3), (1, 2, 2, 2, 2, None, 2),
+    (2, 1, 2, 2, 2, None, 4),
+)  # fmt: skip
+
+
+def masters_part(limit_s: float = 60.0) -> None:
+    """Part 5 (module docstring)."""
+    from pipette_cp.solvers.placement import BACKENDS
+    from pipette_cp.solvers.placement.build import build_placement_data
+    from pipette_cp.solvers.placement.kelley import CutPool, kelley, lower_x, worst_x
+
+    model = ModelSpec(name="small-moe", num_layers=4, hidden_size=2048, num_attention_heads=16,
+                      ffn_hidden_size=8192, vocab_size=1000, max_seq_length=4096, num_experts=8,
+                      moe_top_k=2, moe_ffn_hidden_size=4096)  # fmt: skip
+    rng = np.random.default_rng(3)
+    for dp, pp, tp, cp, ep, etp, gpus in MASTER_LAYOUTS:
+        nodes = dp * pp * tp * cp // gpus
+        pairs = rng.choice([5e9, 12e9, 20e9], size=(nodes, nodes))
+        cluster = cluster_from_node_matrix(
+            node_bandwidth=np.minimum(pairs, pairs.T), intra_node=200e9, gpus_per_node=gpus,
+            gpu=resolve_gpu("h100"), nics_per_node=1, nic_bandwidth_bytes_per_s=25e9,
+        )  # fmt: skip
+        inst = Instance(name="masters", model=model, cluster=cluster,
+                        training=TrainingSpec(global_batch_size=12 * cp, seq_length=4096))  # fmt: skip
+        plan = make_plan(num_layers=4, dp=dp, pp=pp, tp=tp, cp=cp, ep=ep, etp=etp,
+                         micro_batch_size=1, sequence_parallel=tp > 1)  # fmt: skip
+        _, best = brute_force_placement(inst, plan, "ring")
+        megatron = Evaluator(inst, dp_algorithm="ring").iteration_time(plan) / best
+        data = build_placement_data(inst, plan)
+        line = f"  {plan.layout():28s} {nodes} x {gpus} GPUs  Megatron {megatron:.4f}"
+        for backend in ("cpsat", "milp"):
+            pool = CutPool(data, upper_s=2 * data.total_time_s(worst_x(data)))
+            pool.add_at(lower_x(data))
+            doms = [np.flatnonzero(data.allowed[data.stage_of(u)]) for u in range(data.num_units)]
+            res = kelley(data, BACKENDS[backend], domains=doms, start=None, pool=pool,
+                         deadline=time.perf_counter() + limit_s)  # fmt: skip
+            line += (f"  {backend} {res.status} {res.value_s / best:.6f} (bound "
+                     f"{res.bound_s / best:.6f}, {res.wall_time_s:.2f} s)")  # fmt: skip
+        print(line + "  (x the oracle's time)")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", type=int, choices=(1, 2, 3, 4))
+    parser.add_argument("--part", type=int, choices=(1, 2, 3, 4, 5))
     args = parser.parse_args(argv)
     if args.part in (None, 1):
         print("part 1: predict time per MoE layout")
@@ -214,6 +262,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.part in (None, 4):
         print("part 4: against the brute-force oracle (tiny cluster with slow NVLink pairs)")
         oracle_part()
+    if args.part in (None, 5):
+        print("part 5: the masters alone against the brute-force oracle (uneven node pairs)")
+        masters_part()
 
 
 if __name__ == "__main__":

@@ -17,10 +17,10 @@ from __future__ import annotations
 import numpy as np
 
 from pipette_cp.cost import comm
-from pipette_cp.cost.alltoall import fastest_link_bytes_per_s
 from pipette_cp.cost.compute import chunk_times, layer_times, optimizer_step_time_s
 from pipette_cp.cost.dp_collectives import gradient_wire_bytes
 from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.cost.evaluate_groups import expert_rings_apart
 from pipette_cp.cost.memory import (
     layer_params_per_gpu,
     memory_by_stage,
@@ -28,9 +28,12 @@ from pipette_cp.cost.memory import (
     stage_params_per_gpu,
     usable_memory_bytes,
 )
+from pipette_cp.cost.moe import unit_tokens
+from pipette_cp.cost.parameters import stage_param_split
 from pipette_cp.cost.rings import best_partition, partition_is_complete, ring_bandwidths
 from pipette_cp.errors import InfeasibleError, LayoutError
 from pipette_cp.solvers.placement.data import PlacementData
+from pipette_cp.solvers.placement.groups import build_group_tables
 from pipette_cp.specs import Instance, Plan
 from pipette_cp.specs.training import GRADIENT_SHARDING
 from pipette_cp.units import BYTES_PER_ELEMENT
@@ -154,12 +157,17 @@ def build_placement_data(
     with np.errstate(divide="ignore"):
         inv_bw = np.where(eff > 0, 1.0 / eff, np.inf)
     latency = np.where(node_cross, c.inter_node_latency_s, c.intra_node_latency_s)
+    groups = None
+    if plan.cp > 1 or (instance.model.is_moe and expert_rings_apart(plan)):
+        groups = build_group_tables(instance, plan, node_level)
+    tables = _stage_tables(instance, plan, place_node, tp_bw[rep], capacity)
+    tables["exact"] = tables["exact"] and (groups is None or groups.exact)
     return PlacementData(
         instance=instance, plan=plan, evaluator=ev, slot_gpus=slots, place_slots=place_slots,
         place_node=place_node, capacity=capacity, node_level=node_level, latency=latency,
         cross=cross, inv_bw=inv_bw, nic_capacity=fabric.nic_capacity_bytes_per_s,
         constraints=tuple(constraints), place_domain=place_domain, slots_complete=complete,
-        **_stage_tables(instance, plan, place_node, tp_bw[rep], capacity),
+        groups=groups, **tables,
     )  # fmt: skip
 
 
@@ -175,17 +183,15 @@ def _stage_tables(
     index = {(t, b): i for i, (_, b, t) in enumerate(keys)}
     place_class = np.array([index[(t, float(b))] for t, b in zip(types, bw_key, strict=True)])
     fwd, bwd, opt, layer = [], [], [], []
-    fast = fastest_link_bytes_per_s(cluster)
+    free = np.inf  # context parallelism: no ring time here, the cps inputs add it
     for _, b, t in keys:
         gpu = cluster.gpu_types[t]
-        # context parallelism: its rings at the fastest link (a lower bound; the
-        # evaluator prices the placement's rings and all-to-alls, see "exact")
-        times = chunk_times(model, training, gpu, plan, b, None, cp_bandwidth_bytes_per_s=fast)
+        times = chunk_times(model, training, gpu, plan, b, None, cp_bandwidth_bytes_per_s=free)
         fwd.append(times.forward_s)
         bwd.append(times.backward_s)
         opt.append([optimizer_step_time_s(model, training, gpu, plan, s) for s in range(plan.pp)])
         one = layer_times(
-            model, training, gpu, plan, b, cp_bandwidth_bytes_per_s=fast
+            model, training, gpu, plan, b, cp_bandwidth_bytes_per_s=free
         )  # what ZeRO-2/3 collectives hide behind
         layer.append((one.forward_s, one.backward_s))
     fwd_a, bwd_a, opt_a = np.array(fwd), np.array(bwd), np.array(opt)
@@ -204,6 +210,8 @@ def _stage_tables(
     gather_on = plan.distributed_optimizer and not training.overlap_param_gather
     gather_ratio = (elem / (sync * grad)) if gather_on else 0.0
     synced = params
+    if model.is_moe and expert_rings_apart(plan):  # the experts have rings of their own
+        synced = np.array([stage_param_split(model, plan, s)[0] for s in range(plan.pp)])
     if plan.sharding in GRADIENT_SHARDING:
         # ZeRO-2/3 (pp = 1): the ring variable is one layer's gradient reduce-scatter
         # (dp_collectives.per_layer_collectives), its weight all-gather elem / grad of it;
@@ -211,13 +219,13 @@ def _stage_tables(
         sync, synced = 1.0, np.full(plan.pp, layer_params_per_gpu(model, plan.tp))
         gather_on = plan.sharding == "optim_grads"
         gather_ratio = params[0] * elem / (synced[0] * grad) if gather_on else 0.0
-    act = training.seq_length * plan.micro_batch_size * model.hidden_size * elem
+    act = unit_tokens(training, plan) * model.hidden_size * elem  # s b / cp tokens
     emb = padded_vocab_size(model, plan.tp) * model.hidden_size / plan.tp * grad
     return {
         "allowed": allowed, "place_class": place_class, "class_forward": fwd_a,
         "class_backward": bwd_a, "class_optimizer": opt_a,
-        # HSDP, context-parallel rings and expert all-to-alls: groups the masters do not model
-        "exact": monotone and single and not plan.hybrid and plan.cp == 1 and plan.ep == 1,
+        # HSDP: groups the masters do not model (context-parallel and expert groups: groups)
+        "exact": monotone and single and not plan.hybrid,
         "act_bytes": act / (plan.tp if plan.sequence_parallel else 1),
         # ring: factor (D-1)/D x bytes / slowest link (Patarasuk & Yuan 2009), as comm
         "ring_bytes": sync * (dp - 1) / dp * synced * grad,

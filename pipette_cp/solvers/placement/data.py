@@ -36,8 +36,18 @@ from pipette_cp.cost.evaluate import Evaluator, num_micro_batches
 from pipette_cp.cost.pipeline import PipelineInputs, finish_iteration, pipeline_times
 from pipette_cp.errors import InfeasibleError
 from pipette_cp.solvers.extensions import family_violations
+from pipette_cp.solvers.placement.groups import (
+    GroupTables,
+    a2a_added,
+    cp_exposure,
+    expert_sync,
+    group_inputs,
+)
 from pipette_cp.specs import Instance, Plan
 from pipette_cp.specs.training import GRADIENT_SHARDING
+
+#: Families whose links carry data one way (the others: both ways).
+RING_FAMILIES = frozenset({"ring", "cp", "ering"})
 
 
 @dataclass(frozen=True)
@@ -50,7 +60,10 @@ class XIndex:
     half); ``cross[s]`` (0/1): whether that ring leaves a node (its latency is
     then the inter-node one); ``emb``: tied-embedding all-reduce;
     ``worse[s, c]`` (0/1): stage ``s`` holds a unit on a place of compute
-    class ``<= c`` (classes sorted slowest first).
+    class ``<= c`` (classes sorted slowest first); ``a2a[s]``, ``cps[s]``,
+    ``ering[k]``, ``ecross[k]`` (0/1): the expert all-to-all, context-parallel ring step
+    and expert ring inputs of :mod:`~pipette_cp.solvers.placement.groups` (empty where
+    the layout has none).
     """
 
     hf: np.ndarray
@@ -60,9 +73,16 @@ class XIndex:
     emb: int | None
     worse: np.ndarray
     size: int
+    a2a: np.ndarray
+    cps: np.ndarray
+    ering: np.ndarray
+    ecross: np.ndarray
 
     @classmethod
-    def make(cls, hops: int, stages: int, rings: bool, emb: bool, classes: int) -> XIndex:
+    def make(
+        cls, hops: int, stages: int, rings: bool, emb: bool, classes: int,
+        groups: GroupTables | None = None,
+    ) -> XIndex:  # fmt: skip
         pos = 0
 
         def take(n: int) -> np.ndarray:
@@ -75,12 +95,17 @@ class XIndex:
         ring, cross = take(stages if rings else 0), take(stages if rings else 0)
         e = int(take(1)[0]) if emb else None
         worse = take(stages * (classes - 1)).reshape(stages, classes - 1)
-        return cls(hf, hb, ring, cross, e, worse, pos)
+        g = groups
+        a2a = take(stages if g is not None and g.a2a else 0)
+        cps = take(stages if g is not None and g.cp else 0)
+        eclasses = stages * g.ering_classes if g is not None else 0
+        ering, ecross = take(eclasses), take(eclasses)
+        return cls(hf, hb, ring, cross, e, worse, pos, a2a, cps, ering, ecross)
 
     @property
     def booleans(self) -> np.ndarray:
         """Positions holding 0/1 indicators (their cut coefficients are in s)."""
-        return np.concatenate((self.cross, self.worse.ravel())).astype(int)
+        return np.concatenate((self.cross, self.worse.ravel(), self.ecross)).astype(int)
 
 
 @dataclass(eq=False)
@@ -134,13 +159,17 @@ class PlacementData:
     place_domain: np.ndarray | None = None
     #: whether the slots match every grouping of the GPUs into tensor groups
     slots_complete: bool = True
+    #: context-parallel rings, expert groups and expert rings (None: the layout has none)
+    groups: GroupTables | None = None
     xi: XIndex = field(init=False)
 
     def __post_init__(self) -> None:
         if self.place_domain is None:
             self.place_domain = self.place_node
         p = self.plan
-        self.xi = XIndex.make(self.hops, p.pp, p.replicas > 1, self.tied, len(self.class_forward))
+        self.xi = XIndex.make(
+            self.hops, p.pp, p.replicas > 1, self.tied, len(self.class_forward), self.groups
+        )
 
     # ------------------------------------------------------------ shapes
     @property
@@ -181,7 +210,13 @@ class PlacementData:
         ring = [(s, s * dp + r, s * dp + (r + 1) % dp) for s in range(pp) for r in range(dp)]
         ring = ring if dp > 1 else []
         emb = [(0, r, (pp - 1) * dp + r) for r in range(dp)] if self.tied else []
-        return {"hop": hop, "ring": ring, "emb": emb}
+        out = {"hop": hop, "ring": ring, "emb": emb}
+        g = self.groups
+        if g is not None:
+            out["cp"] = list(g.cp_edges)
+            out["a2a"] = [(s, u, v) for s, u, v, _, _ in g.a2a_pairs]
+            out["ering"] = list(g.ering_edges)
+        return out
 
     # ------------------------------------------------------------ pair costs (s)
     def hop_cost(self) -> np.ndarray:
@@ -254,12 +289,19 @@ class PlacementData:
         xi, x = self.xi, np.zeros(self.xi.size)
         x[xi.hf] = inputs.fwd_hop_s[: self.hops]
         x[xi.hb] = inputs.bwd_hop_s[: self.hops]
+        expert = np.zeros(self.plan.pp)
+        if self.groups is not None:
+            g = group_inputs(self.instance, self.plan, self.groups, self.evaluator.fabric, gpus)
+            x[xi.a2a], x[xi.cps], x[xi.ering], x[xi.ecross] = g.a2a, g.cps, g.ering, g.ecross
+            expert = g.expert_sync_s
         if self.plan.replicas > 1:
             nodes = self.place_node[np.asarray(assign)].reshape(self.plan.pp, self.plan.replicas)
             crosses = (nodes != np.roll(nodes, -1, axis=1)).any(axis=1)
             x[xi.cross] = crosses
-            # ZeRO-2/3: the ring is one layer's reduce-scatter, else the step's gradient sync
+            # ZeRO-2/3: the ring is one layer's reduce-scatter, else the step's gradient
+            # sync (the dense rings': the expert rings' follow it)
             sync = layer[0] if self.plan.sharding in GRADIENT_SHARDING else inputs.dp_sync_s
+            sync = sync - expert
             x[xi.ring] = sync - self.sync_factor * self._ring_latency(x[xi.cross])
         if xi.emb is not None:
             x[xi.emb] = inputs.embedding_sync_s
@@ -312,6 +354,8 @@ class PlacementData:
                 layers = np.asarray(plan.layer_split, dtype=float)
                 forward, backward = forward + ef * layers, backward + eb * layers
                 sync = np.zeros(pp)
+        if self.groups is not None:
+            forward, backward, sync, gather = self._with_groups(x, forward, backward, sync, gather)
         training = self.instance.training
         return PipelineInputs(
             pp=pp, vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b",
@@ -321,6 +365,22 @@ class PlacementData:
             embedding_sync_s=float(x[xi.emb]) if xi.emb is not None else 0.0,
             optimizer_s=optimizer, param_gather_s=gather,
         )  # fmt: skip
+
+    def _with_groups(self, x: np.ndarray, *times: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(forward, backward, sync, gather) with the group inputs' time added."""
+        g, xi, pp = self.groups, self.xi, self.plan.pp
+        assert g is not None
+        forward, backward, sync, gather = times
+        if xi.a2a.size:
+            f, b = a2a_added(g, x[xi.a2a])
+            forward, backward = forward + f, backward + b
+        if xi.cps.size:
+            f, b = cp_exposure(g, self.plan.cp, x[xi.cps])
+            forward, backward = forward + f, backward + b
+        if xi.ering.size:
+            s, a = expert_sync(self.instance, g, x[xi.ering], x[xi.ecross], pp)
+            sync, gather = sync + s, gather + a
+        return forward, backward, sync, gather
 
     def _worst_layer(self, x: np.ndarray) -> tuple[float, float]:
         """One layer's (forward, backward) on stage 0's slowest class, by the class ladder."""

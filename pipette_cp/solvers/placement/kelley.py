@@ -22,6 +22,7 @@ from pipette_cp.errors import InfeasibleError, SolverTimeoutError
 from pipette_cp.solvers.cuts import supporting_cut
 from pipette_cp.solvers.placement.backend import CUT_GRID, Backend
 from pipette_cp.solvers.placement.data import PlacementData
+from pipette_cp.solvers.placement.group_families import group_worst_x
 from pipette_cp.solvers.placement.model import PlacementModel
 
 #: Relative gap under which a placement counts as optimal (the master works in
@@ -223,6 +224,8 @@ def worst_x(data: PlacementData) -> np.ndarray:
         x[i] = max(x[i], data.ring_bytes[s] * share)
     if data.xi.emb is not None:
         x[data.xi.emb] = max(x[data.xi.emb], 2 * lat + data.emb_bytes * share)
+    for i, value in group_worst_x(data).items():
+        x[i] = value
     return x
 
 

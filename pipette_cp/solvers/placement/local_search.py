@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from pipette_cp.solvers.placement.data import PlacementData
+from pipette_cp.solvers.placement.data import RING_FAMILIES, PlacementData
 
 
 def _edge_arrays(data: PlacementData) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -35,7 +35,7 @@ def failed_flows(data: PlacementData, assign: np.ndarray) -> np.ndarray:
     for family, (_, u, v) in _edge_arrays(data).items():
         if len(u):
             p, q = assign[u], assign[v]
-            bad = (bad_dir if family == "ring" else bad_any)[p, q] & (p != q)
+            bad = (bad_dir if family in RING_FAMILIES else bad_any)[p, q] & (p != q)
             out.extend((u[bad], v[bad]))
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 

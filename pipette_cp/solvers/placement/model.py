@@ -35,7 +35,13 @@ import numpy as np
 from pipette_cp.errors import InfeasibleError
 from pipette_cp.solvers.extensions import PlacementContext
 from pipette_cp.solvers.placement.backend import Backend
-from pipette_cp.solvers.placement.data import PlacementData
+from pipette_cp.solvers.placement.data import RING_FAMILIES, PlacementData
+from pipette_cp.solvers.placement.group_families import (
+    add_group_costs,
+    add_group_variables,
+    group_worst_x,
+)
+from pipette_cp.solvers.placement.symmetry import add_symmetry_breaking, canonical
 
 
 def _const(v: Any) -> bool:
@@ -73,6 +79,7 @@ class PlacementModel:
         self.add_ring_costs()
         self.add_embedding_cost()
         self.add_nic_sharing()
+        add_group_costs(self)
         self.add_compute_classes()
         for family in data.constraints:
             family.placement(PlacementContext(self))
@@ -95,6 +102,7 @@ class PlacementModel:
         # no input of a placement as fast as upper_s exceeds 2 upper_s (the snapped
         # cuts of placement_kelley.CutPool are valid up to there)
         ux = np.minimum(self.upper_x, min(self._upper_time(), 2.0 * self.upper_s))
+        ux[xi.booleans] = self.upper_x[xi.booleans]  # 0/1 indicators: not times
         lx = self.lower_x
         self.xvar: list[Any] = [None] * xi.size
         for name, idx in (("hop_fwd", xi.hf), ("hop_bwd", xi.hb), ("ring", xi.ring)):
@@ -102,6 +110,7 @@ class PlacementModel:
                 self.xvar[i] = b.new_time(f"{name}_{s}", lx[i], max(ux[i], lx[i]))
         if xi.emb is not None:
             self.xvar[xi.emb] = b.new_time("emb", lx[xi.emb], max(ux[xi.emb], lx[xi.emb]))
+        add_group_variables(self, ux)
         for s, i in enumerate(xi.cross):
             self.xvar[i] = b.new_bool(f"ring_cross_{s}")
         for (s, c), i in np.ndenumerate(xi.worse):
@@ -118,7 +127,8 @@ class PlacementModel:
         costs = [d.hop_cost(), d.emb_cost()] + [d.ring_cost(s) for s in range(d.plan.pp)]
         finite = max(float(c[np.isfinite(c)].max(initial=0.0)) for c in costs)
         g = self.data.instance.cluster.gpus_per_node
-        return finite * g * max(d.plan.replicas, 1) + 1.0
+        groups = max(group_worst_x(d).values(), default=0.0)
+        return max(finite * g * max(d.plan.replicas, 1), groups) + 1.0
 
     def nodes_of(self, u: int) -> dict[int, list[Any]]:
         """Indicators of unit ``u`` being on each node, as lists of place literals."""
@@ -173,7 +183,7 @@ class PlacementModel:
         bad_any = ~np.isfinite(d.inv_bw) | ~np.isfinite(d.inv_bw.T)
         bad_dir = ~np.isfinite(d.inv_bw)
         for family, edges in d.edges().items():
-            bad = bad_dir if family == "ring" else bad_any
+            bad = bad_dir if family in RING_FAMILIES else bad_any
             for k, (_, u, v) in enumerate(edges):
                 for p, lit in self.place[u].items():
                     worse = [x for q, x in self.place[v].items() if bad[p, q] and q != p]
@@ -345,39 +355,11 @@ class PlacementModel:
 
     # ------------------------------------------------------------ symmetry
     def add_symmetry_breaking(self) -> None:
-        """DP replicas are interchangeable up to a rotation of the ring (a pipeline keeps
-        its replica index on every stage): replica 0 of stage 0 takes the lowest place
-        index among stage 0's replicas.  With symmetric link costs the ring may also be
-        reversed: then replica 1 is below replica dp - 1."""
-        d = self.data
-        dp = d.plan.replicas
-        if dp < 2:
-            return
-
-        def pos(u: int, sign: int) -> list[tuple[int, Any]]:
-            return [(sign * p, x) for p, x in self.place[u].items()]
-
-        def at_most_zero(terms: list[tuple[int, Any]], name: str) -> None:
-            # a unit with a one-place domain holds the constant 1, not a variable
-            free = [(c, x) for c, x in terms if not _const(x)]
-            if free:
-                const = sum(c * int(x) for c, x in terms if _const(x))
-                self.b.add_linear(free, "<=", -const, name)
-
-        for r in range(1, dp):
-            at_most_zero(pos(0, 1) + pos(r, -1), f"symmetry_rotation_{r}")
-        if dp >= 3 and np.array_equal(d.inv_bw, d.inv_bw.T):
-            at_most_zero(pos(1, 1) + pos(dp - 1, -1), "symmetry_reflection")
+        add_symmetry_breaking(self)
 
     def canonical(self, assign: np.ndarray) -> np.ndarray:
-        """The assignment rotated (and reflected) to satisfy the symmetry breaking."""
-        d = self.data
-        pp, dp = d.plan.pp, d.plan.replicas
-        grid = np.asarray(assign).reshape(pp, dp)
-        grid = np.roll(grid, -int(np.argmin(grid[0])), axis=1)
-        if dp >= 3 and np.array_equal(d.inv_bw, d.inv_bw.T) and grid[0, 1] > grid[0, -1]:
-            grid = np.concatenate((grid[:, :1], grid[:, :0:-1]), axis=1)
-        return grid.ravel()
+        """The assignment moved to satisfy the symmetry breaking."""
+        return canonical(self.data, assign)
 
     # ------------------------------------------------------------ objective
     def add_cut(self, intercept_s: float, gradient: np.ndarray, name: str) -> None:

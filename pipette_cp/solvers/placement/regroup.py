@@ -8,8 +8,9 @@ link, and changes only which units share a group (and the order of the data-para
 rings).  :func:`regroup_replicas` searches these renumberings by pairwise swaps, each
 scored with the full evaluator (the all-to-alls and rings on the measured matrix),
 first improvement, from the master's numbering and then from random ones while time is
-left (a local search: no optimality claim).  The placement masters do not price these
-groups; this pass does, on the master's placement.
+left (a local search: no optimality claim).  It runs where the masters price these
+groups only as a bound (:mod:`~pipette_cp.solvers.placement.groups`: slot places,
+uneven groups, the flex dispatcher), on the master's placement.
 """
 
 from __future__ import annotations
