@@ -28,6 +28,7 @@ from pipette_cp.io.cluster_file import read_cluster_file
 from pipette_cp.report.plans import plans_table
 from pipette_cp.report.robust import robust_json, snapshots_table
 from pipette_cp.search.robust import check_quantile, robust_search, with_cluster
+from pipette_cp.solvers.milp_engine import DEFAULT_ENGINE
 from pipette_cp.specs import Instance, SearchSpace
 
 SnapshotsOption = Annotated[
@@ -93,6 +94,7 @@ def solve_robust(
     out: Path | None,
     cluster: Path | None,
     profile: Path | None,
+    milp_solver: str = DEFAULT_ENGINE,
 ) -> None:
     """Run :func:`~pipette_cp.search.robust.robust_search` and print the plans table
     and the per-snapshot table (or JSON); ``--out`` writes the best plan and, next to
@@ -105,7 +107,7 @@ def solve_robust(
     with search_progress(disable=as_json) as progress:
         result = robust_search(
             inst, snapshots, quantile=q, method=method, top_k=top, time_limit_s=time_limit,
-            seed=seed, space=space, progress=progress,
+            seed=seed, space=space, progress=progress, milp_solver=milp_solver,
         )  # fmt: skip
     name = inst.name if out is None else instance_path(out).name
     result.plans = [p.model_copy(update={"instance": name}) for p in result.plans]

@@ -53,6 +53,7 @@ from pipette_cp.search.snapshots import (
 )
 from pipette_cp.solvers import SolveOptions, get_method
 from pipette_cp.solvers.extensions import ConstraintFamily
+from pipette_cp.solvers.milp_engine import DEFAULT_ENGINE
 from pipette_cp.specs import ClusterSpec, Evaluation, Instance, Plan, SearchSpace
 
 __all__ = [
@@ -223,6 +224,7 @@ def robust_search(
     predictor: Predictor = "simulator",
     progress: Progress | None = None,
     constraints: Sequence[ConstraintFamily] = (),
+    milp_solver: str = DEFAULT_ENGINE,
 ) -> RobustResult:
     """The ``top_k`` plans with the smallest q-quantile time over ``snapshots``.
 
@@ -235,7 +237,7 @@ def robust_search(
     quantile
         q in (0, 1]: the share of the snapshots the plan is protected against
         (1 = the worst snapshot).
-    method, seed, space, constraints
+    method, seed, space, constraints, milp_solver
         As :func:`~pipette_cp.search.loop.search` (``constraints`` also bind the
         re-solves; ``extra_plans`` are taken as given).
     top_k
@@ -288,6 +290,7 @@ def robust_search(
             found = search(
                 with_cluster(instance, cluster), method=method, top_k=keep, time_limit_s=limit,
                 seed=seed, space=space, progress=progress, constraints=constraints,
+                milp_solver=milp_solver,
             )  # fmt: skip
         except InfeasibleError as exc:  # e.g. every placement crosses a failed link
             error = error or exc
@@ -303,7 +306,8 @@ def robust_search(
     result = score_plans(instance, snapshots, pool, q, predictor, progress)
     if polish > 0:
         left = max(start + budget - time.perf_counter(), 0.5 * polish)
-        options = SolveOptions(time_limit_s=left, seed=seed, constraints=tuple(constraints))
+        options = SolveOptions(time_limit_s=left, seed=seed, constraints=tuple(constraints),
+                               milp_solver=milp_solver)  # fmt: skip
         pool += _polish(with_cluster(instance, planning), result.plans[:polish], method, options)
         result = score_plans(instance, snapshots, pool, q, predictor, progress)
     stats.notes.append(

@@ -22,6 +22,7 @@ from pipette_cp.solvers.baselines.greedy import greedy_assignments, lay_out, nod
 from pipette_cp.solvers.baselines.megatron_default import node_packed_placements
 from pipette_cp.solvers.baselines.pipette_sa import pipette_sa
 from pipette_cp.solvers.baselines.random_method import random_placement
+from pipette_cp.solvers.milp_engine import require_engine
 from pipette_cp.solvers.options import SolveOptions
 from pipette_cp.solvers.placement import PlainSeeder, solve_placement
 from pipette_cp.solvers.placement.data import PlacementData
@@ -106,7 +107,10 @@ def split_then_place(
     ``feasible``.  ``bound`` and ``gap`` are always the placement master's for the
     returned split (None when the split changed after the placement was solved): they
     bound every placement of that split, not other splits.  Every ``optimal``
-    claim is checked by :func:`~pipette_cp.solvers.split.guard.guard_optimal_claim`."""
+    claim is checked by :func:`~pipette_cp.solvers.split.guard.guard_optimal_claim`.
+    A ``milp_solver`` PuLP cannot start is a SpecError before any work."""
+    if backend == "milp":
+        require_engine(options.milp_solver)
     started = time.perf_counter()
     total = options.time_limit_s
     deadline = started + total

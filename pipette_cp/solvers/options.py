@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipette_cp.solvers.extensions import ConstraintFamily
+from pipette_cp.solvers.milp_engine import DEFAULT_ENGINE, check_engine
 from pipette_cp.specs import Instance, Plan
 
 
@@ -24,12 +25,21 @@ class SolveOptions:
     constraints:
         User constraint families (:mod:`pipette_cp.solvers.extensions`) the exact
         solvers add to their models; other methods ignore them.
+    milp_solver:
+        Engine of the MILP masters (split and placement) of the ``milp`` methods:
+        ``highs`` (default), ``cbc``, ``gurobi``, ``cplex`` or ``xpress``
+        (:mod:`pipette_cp.solvers.milp_engine`); an unknown name is a SpecError here,
+        an engine PuLP cannot start one when a ``milp`` method runs.
     """
 
     time_limit_s: float = 10.0
     seed: int = 0
     workers: int = 1
     constraints: tuple[ConstraintFamily, ...] = ()
+    milp_solver: str = DEFAULT_ENGINE
+
+    def __post_init__(self) -> None:
+        check_engine(self.milp_solver)
 
 
 #: A method takes an instance and a *skeleton* plan (degrees and knobs fixed; its

@@ -25,6 +25,9 @@ METHODS: dict[str, Method] = {
     "split-milp": methods.split_milp,
 }
 
+#: The methods whose masters run on the MILP engine of ``SolveOptions.milp_solver``.
+MILP_METHODS = frozenset({"milp", "split-milp"})
+
 
 def get_method(name: str) -> Method:
     """The method called ``name``, or a SpecError listing the known ones."""

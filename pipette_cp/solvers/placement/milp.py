@@ -1,49 +1,52 @@
-"""MILP backend of the placement master (PuLP; CBC, or HiGHS when installed).
+"""MILP backend of the placement master (PuLP on the engine of ``milp_solver``).
 
 The same formulation as CP-SAT (:mod:`pipette_cp.solvers.placement.model`);
 continuous time variables in :data:`TIME_UNIT_S` (microseconds keep the
 coefficients near 1 for the LP), enforcement by big-M with the tightest ``M``
 the bounds allow: ``var >= const + sum c x`` if ``e`` becomes
 ``var >= const + sum c x - M (1 - e)`` with ``M = const + sum max(c, 0) - lb(var)``.
-The bound of a solve stopped by the time limit is read from CBC's log
-("Lower bound:"), as PuLP does not return it.
+Solves go through :func:`~pipette_cp.solvers.milp_engine.solve_milp` (HiGHS by
+default); the bound of a solve stopped by the time limit is the engine's best bound
+(HiGHS's ``mip_dual_bound``, the last "Lower bound:" of CBC's log).
 """
 
 from __future__ import annotations
 
-import os
-import re
-import tempfile
 from itertools import count
 from typing import Any
 
 import pulp
 
-from pipette_cp.solvers.milp_engine import MIN_CBC_S
+from pipette_cp.solvers.milp_engine import (
+    DEFAULT_ENGINE,
+    MIN_START_S,
+    pulp_solver_name,
+    solve_milp,
+)
 from pipette_cp.solvers.placement.backend import MasterResult, Terms
 
 #: Time unit of the MILP model, s.
 TIME_UNIT_S = 1e-6
 
-_LOWER = re.compile(r"Lower bound:\s+([-+0-9.eE]+)")
 
-
-def available_solver() -> str:
-    """Name of the MILP solver PuLP will use: HiGHS if available, else CBC."""
-    names = pulp.listSolvers(onlyAvailable=True)
-    return "HiGHS" if "HiGHS" in names else "PULP_CBC_CMD"
+def available_solver(engine: str = DEFAULT_ENGINE) -> str:
+    """Name of the PuLP solver that runs ``engine`` (a SpecError if none can)."""
+    return pulp_solver_name(engine)
 
 
 class MilpBackend:
-    """:class:`~pipette_cp.solvers.placement.model.Backend` over a ``pulp.LpProblem``."""
+    """:class:`~pipette_cp.solvers.placement.model.Backend` over a ``pulp.LpProblem``,
+    solved by ``engine`` (a ``milp_solver`` name, :mod:`pipette_cp.solvers.milp_engine`)."""
 
     name = "milp"
 
-    def __init__(self) -> None:
+    def __init__(self, engine: str = DEFAULT_ENGINE) -> None:
         self.problem = pulp.LpProblem("placement", pulp.LpMinimize)
         self._ids = count()
         self._lb: dict[str, float] = {}
-        self._hinted = False
+        self.engine = engine
+        self._solver = pulp_solver_name(engine)  # a SpecError when it cannot run
+        self._start: dict[Any, int] = {}
 
     def _name(self, name: str) -> str:
         return f"{name}_{next(self._ids)}"
@@ -91,48 +94,22 @@ class MilpBackend:
         self.problem.setObjective(pulp.LpAffineExpression([(t, 1.0)]))
 
     def watch(self, variables: list[Any]) -> None:
-        """CBC through PuLP reports only its final solution: nothing to watch."""
+        """The engines report only their final solution through PuLP: nothing to watch."""
         del variables
 
     def hint(self, values: dict[Any, int]) -> None:
-        for var, value in values.items():
-            var.setInitialValue(value)
-        self._hinted = bool(values)
+        self._start = dict(values)
 
     def solve(self, time_limit_s: float, workers: int, seed: int) -> MasterResult:
-        if time_limit_s < MIN_CBC_S:  # CBC would not answer in time
+        if time_limit_s < MIN_START_S[self.engine]:  # the engine would not answer in time
             return MasterResult("unknown", None, None, 0.0)
-        handle, log = tempfile.mkstemp(suffix=".log", prefix="pipette_cbc_")
-        os.close(handle)
-        try:
-            solver = pulp.PULP_CBC_CMD(
-                msg=False, timeLimit=max(time_limit_s, 0.1), threads=max(workers, 1),
-                warmStart=self._hinted, logPath=log, options=[f"randomCbcSeed {seed + 1}"],
-            )  # fmt: skip
-            try:
-                self.problem.solve(solver)
-            except pulp.PulpSolverError:  # CBC died (killed, or no time to start)
-                return MasterResult("unknown", None, None, 0.0)
-            with open(log, encoding="utf-8", errors="replace") as f:
-                text = f.read()
-        finally:
-            os.unlink(log)
-        sol = self.problem.sol_status
-        status = {1: "optimal", 2: "feasible", -1: "infeasible"}.get(sol, "unknown")
-        if self.problem.status == -1 and sol != 2:
-            status = "infeasible"
-        wall = re.findall(r"Wallclock seconds\):\s+([0-9.]+)", text)
-        objective = (
-            pulp.value(self.problem.objective) if status in ("optimal", "feasible") else None
-        )
-        bound = objective if status == "optimal" else None
-        if status == "feasible" and (m := _LOWER.findall(text)):
-            bound = float(m[-1])
+        res = solve_milp(self.problem, self.engine, time_limit_s=time_limit_s, threads=workers,
+                         seed=seed, start=self._start, solver_name=self._solver)  # fmt: skip
         return MasterResult(
-            status=status,
-            objective_s=None if objective is None else objective * TIME_UNIT_S,
-            bound_s=None if bound is None else bound * TIME_UNIT_S,
-            wall_time_s=float(wall[-1]) if wall else 0.0,
+            status=res.status,
+            objective_s=None if res.objective is None else res.objective * TIME_UNIT_S,
+            bound_s=None if res.bound is None else res.bound * TIME_UNIT_S,
+            wall_time_s=res.wall_time_s,
         )
 
     def value(self, var: Any) -> float:

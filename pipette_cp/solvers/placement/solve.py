@@ -63,6 +63,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -97,15 +98,21 @@ from pipette_cp.specs.layouts import megatron_placement
 BACKENDS: dict[str, Callable[[], Backend]] = {"cpsat": CpSatBackend, "milp": MilpBackend}
 #: Largest full master (sum over communicating unit pairs of |domain u| x |domain v|).
 EXACT_SIZE = 20_000
-#: CBC checks its time limit only between phases: past this size its root node alone
-#: overran a 5 s limit by 7 s (benchmarks/time_limits.py), so larger MILP masters go to LNS.
+#: Largest full MILP master (every engine); larger ones go to LNS.  CBC checks its time
+#: limit only between phases: past this size its root node alone overran a 5 s limit by
+#: 7 s, and up to 21 s at 6,144 terms.  HiGHS keeps its limit up to 9,248 terms (+0.09 s
+#: at most) but not at 12,000 (+2.1 s at 20 s: root LP re-solves it does not interrupt),
+#: and a cut-over of 10,000 gave tighter bounds at the 10 s default but no better plans
+#: (worse on 3 of the 4 layouts whose plans differed) and 0.1-0.3 s longer solves where
+#: LNS proves optimality (``python -m pipette_cp.experiments.milp_engines``): one cut-over.
 EXACT_SIZE_MILP = 4_000
 #: Share of the time limit for seeds and their local search.
 SEED_SHARE = 0.1
 #: Time kept at the end for re-scoring (s; at most 5 % of the limit).
 FINISH_RESERVE_S = 1.0
 #: Share of a placement solve that chooses the expert groups and context-parallel rings
-#: of a plan with ep or cp above 1 (:mod:`pipette_cp.solvers.placement.regroup`).
+#: where the masters price them only as a bound (slot places, uneven groups;
+#: :mod:`pipette_cp.solvers.placement.regroup`).
 REGROUP_SHARE = 0.3
 #: Random seed placements tried.
 RANDOM_SEEDS = 16
@@ -260,10 +267,11 @@ def solve_placement(
     # keep a little of the budget for re-scoring the result and the hints, and with
     # expert groups or context-parallel rings a share for choosing them (regroup)
     end = started + options.time_limit_s - min(FINISH_RESERVE_S, 0.05 * options.time_limit_s)
-    grouped = plan.cp > 1 or plan.ep > 1
-    deadline = end - (REGROUP_SHARE * options.time_limit_s if grouped else 0.0)
     data = build_placement_data(instance, plan, constraints=options.constraints,
                                 aligned=bool(aligned))  # fmt: skip
+    # groups the masters price only as a bound (slot places, uneven groups): regroup after
+    grouped = (plan.cp > 1 or plan.ep > 1) and not data.exact
+    deadline = end - (REGROUP_SHARE * options.time_limit_s if grouped else 0.0)
     if not data.allowed.any(axis=1).all():
         raise InfeasibleError("some pipeline stage fits on no GPU type of the cluster (memory)")
     exact = master_size(data) <= (
@@ -291,7 +299,8 @@ def solve_placement(
         pool.add_at(x)
         pool.add_at(lx + 0.5 * (x - lx))
     bound = data.total_time_s(lx)
-    make = BACKENDS[backend]
+    # the MILP master on the engine of the options (milp_solver)
+    make = partial(MilpBackend, options.milp_solver) if backend == "milp" else BACKENDS[backend]
     full = [np.flatnonzero(data.allowed[data.stage_of(u)]) for u in range(data.num_units)]
     if exact or best is None:  # no seed: only the full master can find (or refute) one
         res = kelley(data, make, domains=full, start=best, pool=pool, deadline=deadline,

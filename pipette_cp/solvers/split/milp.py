@@ -1,11 +1,12 @@
-"""MILP backend of the layer-split master (PuLP; HiGHS when available, else CBC).
+"""MILP backend of the layer-split master (PuLP on the engine of ``milp_solver``).
 
 No time scaling is needed: ``t`` is continuous and the cut coefficients are
 kept as floats (their intercepts already carry the
-:func:`~pipette_cp.solvers.cuts.supporting_cut` slack).  PuLP's bundled CBC is a
-subprocess per solve (~20 ms each); it reports no best bound when it stops on
-time, so a timed-out master's bound is the last proven one
-(:func:`~pipette_cp.solvers.split.solve.solve_split` keeps it).
+:func:`~pipette_cp.solvers.cuts.supporting_cut` slack).  The engine is
+:func:`~pipette_cp.solvers.milp_engine.solve_milp`'s (HiGHS by default, in process;
+CBC a subprocess per solve, ~20 ms each); the bound of a master stopped by its time
+limit is the engine's best bound, and :func:`~pipette_cp.solvers.split.solve.solve_split`
+keeps the largest one seen.
 """
 
 from __future__ import annotations
@@ -19,7 +20,12 @@ import pulp
 
 from pipette_cp.solvers.cuts import Cut
 from pipette_cp.solvers.extensions import LinearTerms
-from pipette_cp.solvers.milp_engine import MIN_CBC_S, milp_solver
+from pipette_cp.solvers.milp_engine import (
+    DEFAULT_ENGINE,
+    MIN_START_S,
+    pulp_solver_name,
+    solve_milp,
+)
 from pipette_cp.solvers.split.cost import MasterSolution
 
 _SENSES = {"==": pulp.LpConstraintEQ, "<=": pulp.LpConstraintLE, ">=": pulp.LpConstraintGE}
@@ -28,13 +34,16 @@ _SENSES = {"==": pulp.LpConstraintEQ, "<=": pulp.LpConstraintLE, ">=": pulp.LpCo
 class MilpSplitBackend:
     """:class:`~pipette_cp.solvers.split.model.SplitBackend` over a ``pulp.LpProblem``.
 
-    ``workers``: solver threads (CBC and HiGHS are deterministic here: no seed).
+    ``workers``: solver threads; ``engine``: the ``milp_solver``
+    (:data:`~pipette_cp.solvers.milp_engine.ENGINES`); ``seed``: the engine's seed.
     """
 
     name = "milp"
 
-    def __init__(self, *, workers: int = 1) -> None:
-        self.workers, self.hinted = workers, False
+    def __init__(self, *, workers: int = 1, engine: str = DEFAULT_ENGINE, seed: int = 0) -> None:
+        self.workers, self.engine, self.seed = workers, engine, seed
+        self.solver_name = pulp_solver_name(engine)  # a SpecError when it cannot run
+        self.start: dict[Any, float] = {}
         self.cuts: list[Cut] = []
         self.problem = pulp.LpProblem("layer_split", pulp.LpMinimize)
 
@@ -62,28 +71,28 @@ class MilpSplitBackend:
         self.problem.setObjective(pulp.LpAffineExpression([(t, 1.0)]))
 
     def hint(self, n: list[Any], values: np.ndarray) -> None:
-        """Warm start (CBC reads it as a MIP start)."""
-        for var, value in zip(n, values, strict=True):
-            var.setInitialValue(int(value))
-        self.hinted = True
+        """Warm start of the next solve (replaces any previous one)."""
+        self.start = {var: int(value) for var, value in zip(n, values, strict=True)}
 
     def solve(self, time_limit_s: float, n: list[Any], t: Any) -> MasterSolution:
-        """Below :data:`MIN_CBC_S` CBC is not started (it needs that long to answer).
-        The split is rounded to integers and its ``t`` recomputed as the largest cut
-        there: CBC prints ``t`` with 8 significant digits only."""
+        """Below the engine's :data:`~pipette_cp.solvers.milp_engine.MIN_START_S` it is
+        not started (it needs that long to answer).  The split is rounded to integers
+        and its ``t`` recomputed as the largest cut there: CBC prints ``t`` with 8
+        significant digits only.  The bound is the engine's (``-inf`` without one)."""
         del t
-        if time_limit_s < MIN_CBC_S:
+        if time_limit_s < MIN_START_S[self.engine]:
             return MasterSolution("unknown", None, math.inf, -math.inf)
-        self.problem.solve(milp_solver(time_limit_s, self.workers, warm_start=self.hinted))
-        sol = self.problem.sol_status
-        if sol == pulp.LpSolutionInfeasible or self.problem.status == pulp.LpStatusInfeasible:
+        res = solve_milp(self.problem, self.engine, time_limit_s=time_limit_s,
+                         threads=self.workers, seed=self.seed, start=self.start,
+                         solver_name=self.solver_name)  # fmt: skip
+        if res.status == "infeasible":
             return MasterSolution("infeasible", None, math.inf, math.inf)
-        if sol not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-            return MasterSolution("unknown", None, math.inf, -math.inf)
-        status = "optimal" if sol == pulp.LpSolutionOptimal else "feasible"
+        bound = -math.inf if res.bound is None else res.bound
+        if res.status == "unknown":
+            return MasterSolution("unknown", None, math.inf, bound)
         split = np.array([round(x.value()) for x in n], dtype=np.int64)
         value = max((cut(split) for cut in self.cuts), default=0.0)
-        return MasterSolution(status, split, value, value if status == "optimal" else -math.inf)
+        return MasterSolution(res.status, split, value, min(bound, value))
 
     def export(self, path: str | Path) -> None:
         """Write the model as an LP file."""

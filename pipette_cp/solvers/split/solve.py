@@ -131,7 +131,7 @@ def solve_split(
     options
         Time limit (the whole call, set-up included), seed, master workers.
     backend
-        ``"cpsat"`` (OR-Tools CP-SAT) or ``"milp"`` (PuLP: HiGHS if available, else CBC).
+        ``"cpsat"`` (OR-Tools CP-SAT) or ``"milp"`` (PuLP, on ``options.milp_solver``).
     tolerance
         Relative optimality tolerance of the cutting-plane loop.
     chunk_spread
@@ -233,7 +233,7 @@ def _backend(name: str, cost: SplitCost, reference_s: float, options: SolveOptio
         return CpSatSplitBackend(
             reference_s, cost.num_layers, workers=options.workers, seed=options.seed
         )
-    return MilpSplitBackend(workers=options.workers)
+    return MilpSplitBackend(workers=options.workers, engine=options.milp_solver, seed=options.seed)
 
 
 def with_optimal_split(
