@@ -1,0 +1,229 @@
+"""A cluster fabric as levels plus sparse exceptions: O(nodes + exceptions) memory.
+
+GPUs sit in nodes (NVLink inside), nodes in nested groups (a leaf switch's nodes, a
+pod's leaves, the spine's pods): ``levels[k].nodes`` consecutive nodes form one group
+of level ``k``, innermost first, each level's groups whole groups of the level below.
+Two GPUs of one node talk over NVLink; two GPUs of different nodes at the bandwidth
+and latency of the innermost level whose group holds both nodes.  Measured departures
+from that are sparse exceptions: a slow NIC (a node's inter-node bandwidth scaled
+down), a degraded or failed node pair, a degraded or failed GPU pair.  Every query
+(:meth:`HierarchicalFabric.bandwidth`) is vectorised over GPU pairs and never builds
+the GPU x GPU matrix; :meth:`HierarchicalFabric.dense` builds it for small clusters
+(the dense matrix stays one input format of :class:`~pipette_cp.specs.cluster.ClusterSpec`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import numpy as np
+from pydantic import Field, PlainSerializer, PlainValidator, WithJsonSchema, model_validator
+
+from pipette_cp.errors import SpecError
+from pipette_cp.specs._base import FrozenSpec
+
+#: Largest cluster a hierarchy describes (GPU ids and pair keys stay exact in int64).
+MAX_HIERARCHY_GPUS = 1 << 24
+
+
+class FabricLevel(FrozenSpec):
+    """One level of switches above the nodes."""
+
+    name: str = Field(description="What the level is: leaf, rack, pod, spine, ...")
+    nodes: int = Field(gt=0, description="Consecutive nodes in one group of this level.")
+    bandwidth_bytes_per_s: float = Field(
+        gt=0,
+        description="One stream between GPUs of two nodes that first meet at this level, bytes/s.",
+    )
+    latency_s: float = Field(ge=0, le=1.0, description="Start-up latency of such a stream, s.")
+
+
+def _ids(value: Any) -> np.ndarray:
+    array = np.array(value, dtype=np.int64, copy=True).reshape(-1)
+    array.flags.writeable = False
+    return array
+
+
+def _values(value: Any) -> np.ndarray:
+    array = np.array(value, dtype=np.float64, copy=True).reshape(-1)
+    array.flags.writeable = False
+    return array
+
+
+#: 1-D read-only arrays (JSON: lists)
+Ids = Annotated[
+    np.ndarray, PlainValidator(_ids), PlainSerializer(lambda a: a.tolist(), return_type=list),
+    WithJsonSchema({"type": "array", "items": {"type": "integer"}}),
+]  # fmt: skip
+Values = Annotated[
+    np.ndarray, PlainValidator(_values), PlainSerializer(lambda a: a.tolist(), return_type=list),
+    WithJsonSchema({"type": "array", "items": {"type": "number"}}),
+]  # fmt: skip
+
+
+class NodeExceptions(FrozenSpec):
+    """Nodes whose NICs deliver ``nic_factor`` of the nominal inter-node bandwidth."""
+
+    node: Ids = Field(default_factory=lambda: np.zeros(0, np.int64), description="Node indices.")
+    nic_factor: Values = Field(
+        default_factory=lambda: np.zeros(0), description="Share of nominal, in (0, 1]."
+    )
+
+
+class PairExceptions(FrozenSpec):
+    """Measured pairs (of nodes or of GPUs) ``src[i] -> dst[i]``: bandwidth, 0 = failed."""
+
+    src: Ids = Field(default_factory=lambda: np.zeros(0, np.int64), description="Sources.")
+    dst: Ids = Field(default_factory=lambda: np.zeros(0, np.int64), description="Destinations.")
+    bandwidth_bytes_per_s: Values = Field(
+        default_factory=lambda: np.zeros(0), description="Measured bandwidth, bytes/s; 0 = failed."
+    )
+
+
+class HierarchicalFabric(FrozenSpec):
+    """Nodes of ``gpus_per_node`` GPUs in nested switch levels, plus exceptions."""
+
+    num_nodes: int = Field(gt=0, description="Number of nodes.")
+    gpus_per_node: int = Field(gt=0, le=1024, description="GPUs per node (NVLink inside).")
+    nvlink_bandwidth_bytes_per_s: float = Field(gt=0, description="GPU pair in one node, bytes/s.")
+    nvlink_latency_s: float = Field(ge=0, le=1.0, description="Latency inside a node, s.")
+    levels: tuple[FabricLevel, ...] = Field(
+        min_length=1, description="Switch levels, innermost first; the last holds every node."
+    )
+    slow_nics: NodeExceptions = Field(default_factory=NodeExceptions,
+                                      description="Nodes with slow NICs.")  # fmt: skip
+    node_pairs: PairExceptions = Field(
+        default_factory=PairExceptions,
+        description="Degraded or failed node pairs (every GPU pair between them).",
+    )
+    gpu_pairs: PairExceptions = Field(
+        default_factory=PairExceptions, description="Degraded or failed GPU pairs."
+    )
+
+    @model_validator(mode="after")
+    def _levels_nest(self) -> HierarchicalFabric:
+        prev = 1
+        for k, level in enumerate(self.levels):
+            if level.nodes % prev:
+                raise SpecError(f"levels[{k}].nodes", level.nodes,
+                                f"must be a multiple of the level below's {prev} nodes "
+                                "(each group whole groups of the level below)")  # fmt: skip
+            prev = level.nodes
+        if self.levels[-1].nodes != self.num_nodes:
+            raise SpecError(f"levels[{len(self.levels) - 1}].nodes", self.levels[-1].nodes,
+                            f"the last level must hold every one of the {self.num_nodes} nodes")  # fmt: skip
+        if self.num_gpus > MAX_HIERARCHY_GPUS:
+            raise SpecError("num_nodes", self.num_nodes,
+                            f"{self.num_gpus} GPUs: at most {MAX_HIERARCHY_GPUS}")  # fmt: skip
+        nics = self.slow_nics
+        _check_ids("slow_nics.node", nics.node, self.num_nodes, "node")
+        _check_lengths("slow_nics", nics.node, nics.nic_factor)
+        bad = np.flatnonzero(~((nics.nic_factor > 0) & (nics.nic_factor <= 1)))
+        if bad.size:
+            raise SpecError(f"slow_nics.nic_factor[{bad[0]}]", float(nics.nic_factor[bad[0]]),
+                            "must be in (0, 1]")  # fmt: skip
+        for field, pairs, top, what in (("node_pairs", self.node_pairs, self.num_nodes, "node"),
+                                        ("gpu_pairs", self.gpu_pairs, self.num_gpus, "GPU")):  # fmt: skip
+            _check_ids(f"{field}.src", pairs.src, top, what)
+            _check_ids(f"{field}.dst", pairs.dst, top, what)
+            _check_lengths(field, pairs.src, pairs.dst, pairs.bandwidth_bytes_per_s)
+            bw = pairs.bandwidth_bytes_per_s
+            bad = np.flatnonzero(~(np.isfinite(bw) & (bw >= 0)))
+            if bad.size:
+                raise SpecError(f"{field}.bandwidth_bytes_per_s[{bad[0]}]", float(bw[bad[0]]),
+                                "must be a finite number of bytes/s >= 0 (0: failed)")  # fmt: skip
+            same = np.flatnonzero(pairs.src == pairs.dst)
+            if same.size:
+                raise SpecError(f"{field}.dst[{same[0]}]", int(pairs.dst[same[0]]),
+                                "a pair needs two different ends")  # fmt: skip
+        return self
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    def _tables(self) -> dict[str, np.ndarray]:
+        cached = self.__dict__.get("_cache")
+        if cached is None:
+            factor = np.ones(self.num_nodes)
+            factor[self.slow_nics.node] = self.slow_nics.nic_factor
+
+            def keyed(pairs: PairExceptions, n: int) -> tuple[np.ndarray, np.ndarray]:
+                keys = pairs.src * n + pairs.dst
+                order = np.argsort(keys, kind="stable")
+                return keys[order], pairs.bandwidth_bytes_per_s[order]
+
+            node_keys, node_bw = keyed(self.node_pairs, self.num_nodes)
+            gpu_keys, gpu_bw = keyed(self.gpu_pairs, self.num_gpus)
+            cached = {
+                "factor": factor, "node_keys": node_keys, "node_bw": node_bw,
+                "gpu_keys": gpu_keys, "gpu_bw": gpu_bw,
+                "sizes": np.array([lv.nodes for lv in self.levels], dtype=np.int64),
+                "level_bw": np.array([lv.bandwidth_bytes_per_s for lv in self.levels]),
+                "level_lat": np.array([lv.latency_s for lv in self.levels]),
+            }  # fmt: skip
+            object.__setattr__(self, "__dict__", {**self.__dict__, "_cache": cached})
+        return cached
+
+    def level_of(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Innermost level holding both GPUs' nodes (-1: the same node)."""
+        t = self._tables()
+        a, b = np.asarray(src) // self.gpus_per_node, np.asarray(dst) // self.gpus_per_node
+        apart = (a[..., None] // t["sizes"]) != (b[..., None] // t["sizes"])
+        level = apart.sum(axis=-1)  # groups nest: the levels apart are the innermost ones
+        return np.where(a == b, -1, level)
+
+    def bandwidth(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Bandwidth of every stream ``src[i] -> dst[i]`` (GPU ids), bytes/s (0: failed;
+        ``src == dst``: 0, as the dense matrix's diagonal)."""
+        t = self._tables()
+        src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        level = self.level_of(src, dst)
+        g = self.gpus_per_node
+        nodes_a, nodes_b = src // g, dst // g
+        out = np.where(level < 0, self.nvlink_bandwidth_bytes_per_s,
+                       t["level_bw"][np.maximum(level, 0)])  # fmt: skip
+        apart = level >= 0
+        out = np.where(apart, out * np.minimum(t["factor"][nodes_a], t["factor"][nodes_b]), out)
+        out = _override(
+            out, nodes_a * self.num_nodes + nodes_b, t["node_keys"], t["node_bw"], apart
+        )
+        out = _override(out, src * self.num_gpus + dst, t["gpu_keys"], t["gpu_bw"], src != dst)
+        return np.where(src == dst, 0.0, out)
+
+    def latency(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Start-up latency of every stream, s."""
+        t = self._tables()
+        level = self.level_of(np.asarray(src), np.asarray(dst))
+        return np.where(level < 0, self.nvlink_latency_s, t["level_lat"][np.maximum(level, 0)])
+
+    def dense(self) -> np.ndarray:
+        """The GPU x GPU bandwidth matrix (small clusters: N^2 floats)."""
+        ids = np.arange(self.num_gpus)
+        return self.bandwidth(ids[:, None], ids[None, :])
+
+    def memory_bytes(self) -> int:
+        """Bytes of the lookup tables (what a query needs besides its own arrays)."""
+        return int(sum(a.nbytes for a in self._tables().values()))
+
+
+def _check_ids(field: str, ids: np.ndarray, top: int, what: str) -> None:
+    bad = np.flatnonzero((ids < 0) | (ids >= top))
+    if bad.size:
+        raise SpecError(f"{field}[{bad[0]}]", int(ids[bad[0]]),
+                        f"no such {what}: the fabric has {top} (0..{top - 1})")  # fmt: skip
+
+
+def _check_lengths(field: str, *arrays: np.ndarray) -> None:
+    if len({a.size for a in arrays}) > 1:
+        raise SpecError(field, [a.size for a in arrays], "its arrays must have one length")
+
+
+def _override(out: np.ndarray, keys: np.ndarray, table: np.ndarray, values: np.ndarray,
+              where: np.ndarray) -> np.ndarray:  # fmt: skip
+    """``out`` with the entries whose key is in the sorted ``table`` set to its value."""
+    if not table.size:
+        return out
+    pos = np.clip(np.searchsorted(table, keys), 0, table.size - 1)
+    hit = (table[pos] == keys) & where
+    return np.where(hit, values[pos], out)
