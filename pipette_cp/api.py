@@ -9,9 +9,10 @@ from typing import Any, TypedDict, TypeVar, cast
 from pipette_cp.io.cluster_file import read_cluster_file
 from pipette_cp.io.instance_file import DEFAULT_INSTANCE, load_instance
 from pipette_cp.search import search
-from pipette_cp.search.loop import Progress, SearchResult
+from pipette_cp.search.loop import Incumbent, Progress, SearchResult
 from pipette_cp.search.robust import RobustResult, robust_search
 from pipette_cp.solvers.extensions import ConstraintFamily
+from pipette_cp.solvers.milp_engine import DEFAULT_ENGINE
 from pipette_cp.specs import ClusterSpec, Instance, Plan, SearchSpace
 
 
@@ -26,6 +27,7 @@ class _SearchOptions(TypedDict):
     space: SearchSpace | None
     progress: Progress | None
     constraints: Sequence[ConstraintFamily]
+    milp_solver: str
 
 
 _Result = TypeVar("_Result", SearchResult, RobustResult)
@@ -41,6 +43,10 @@ def solve(
     space: SearchSpace | None = None,
     progress: Progress | None = None,
     constraints: Sequence[ConstraintFamily] = (),
+    milp_solver: str = DEFAULT_ENGINE,
+    jobs: int = 1,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> list[Plan]:
     """The fastest plans that fit in memory, best first.
 
@@ -58,6 +64,15 @@ def solve(
     constraints
         User constraint families added to the CP-SAT and MILP models
         (:mod:`pipette_cp.solvers.extensions`).
+    milp_solver
+        Engine of the ``milp`` methods' masters: ``highs`` (default), ``cbc``, or
+        ``gurobi``, ``cplex``, ``xpress`` where PuLP can start them
+        (:mod:`pipette_cp.solvers.milp_engine`); another name, or one that cannot
+        start, is a :class:`~pipette_cp.errors.SpecError` before any work.
+    jobs, executor, ray_address
+        Workers for the layouts' bounds, scores and solves: processes here
+        (``"local"``) or Ray actors (``"ray"``, on the cluster at ``ray_address`` or a
+        local one); see :mod:`pipette_cp.search.workers`.
 
     Examples
     --------
@@ -69,7 +84,10 @@ def solve(
     >>> best.evaluation.iteration_time_s <= plans[-1].evaluation.iteration_time_s
     True
     """
-    return solve_with_stats(instance, **_options(locals())).plans
+    options = _options(locals())
+    return solve_with_stats(
+        instance, **options, jobs=jobs, executor=executor, ray_address=ray_address
+    ).plans
 
 
 def solve_with_stats(
@@ -82,11 +100,19 @@ def solve_with_stats(
     space: SearchSpace | None = None,
     progress: Progress | None = None,
     constraints: Sequence[ConstraintFamily] = (),
+    milp_solver: str = DEFAULT_ENGINE,
+    jobs: int = 1,
+    executor: str = "local",
+    ray_address: str | None = None,
+    on_best: Incumbent | None = None,
 ) -> SearchResult:
-    """:func:`solve`, also returning what the search did."""
+    """:func:`solve`, also returning what the search did; ``on_best(plan, gap)`` is
+    called with every new incumbent."""
     options = _options(locals())
     name, inst = _resolve(instance)
-    return _named(name, search(inst, **options))
+    found = search(inst, **options, jobs=jobs, executor=executor, ray_address=ray_address,
+                   on_best=on_best)  # fmt: skip
+    return _named(name, found)
 
 
 def solve_robust(
@@ -101,6 +127,7 @@ def solve_robust(
     space: SearchSpace | None = None,
     progress: Progress | None = None,
     constraints: Sequence[ConstraintFamily] = (),
+    milp_solver: str = DEFAULT_ENGINE,
 ) -> RobustResult:
     """Plans with the smallest ``quantile`` of the iteration time over bandwidth
     ``snapshots`` (clusters or cluster files of one cluster), as ``pipette-cp solve

@@ -34,6 +34,9 @@ class SpecError(PipetteError, ValueError):
         self.expected = expected
         super().__init__(f"{field}={_short(value)}: {expected}")
 
+    def __reduce__(self) -> tuple[Any, ...]:  # rebuilt from its parts (worker processes)
+        return type(self), (self.field, self.value, self.expected)
+
 
 class UnsupportedError(SpecError):
     """A valid input that pipette_cp does not model (e.g. mixture-of-experts)."""
@@ -52,6 +55,9 @@ class InputFileError(PipetteError):
         self.path = str(path)
         self.problem = problem
         super().__init__(f"{self.path}: {problem}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.path, self.problem)
 
 
 class InfeasibleError(PipetteError):

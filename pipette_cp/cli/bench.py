@@ -14,6 +14,7 @@ from typer.core import TyperGroup
 
 from pipette_cp import __version__
 from pipette_cp.cli.console import console, err_console
+from pipette_cp.cli.options import RayAddressOption
 from pipette_cp.cli.progress import progress_bar
 from pipette_cp.errors import PipetteError, SpecError
 from pipette_cp.io.instance_file import bundled_instance_file, load_best_known, write_best_known
@@ -80,6 +81,7 @@ def run_cmd(
     executor: Annotated[
         str, typer.Option("--executor", help=f"Where jobs run: {' | '.join(EXECUTORS)}.")
     ] = "local",
+    ray_address: RayAddressOption = None,
 ) -> None:
     """Run every method on every instance; finished rows are skipped (resumable)."""
     limits = [None] if time_limit is None else _list("--time-limit", time_limit, float)
@@ -89,7 +91,7 @@ def run_cmd(
         _list("--seeds", seeds, int),
         limits,
     )
-    runner = make_executor(executor, jobs)
+    runner = make_executor(executor, jobs, ray_address)
     with BenchStore(db) as store, progress_bar() as bar:
         done = store.finished()
         todo = sum(job.key not in done for job in planned.jobs)

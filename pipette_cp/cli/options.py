@@ -32,6 +32,8 @@ from pipette_cp.io.instance_file import load_instance
 from pipette_cp.io.model_file import load_model
 from pipette_cp.io.profile_file import load_layer_profile
 from pipette_cp.io.yaml_safe import safe_load
+from pipette_cp.solvers.milp_engine import DEFAULT_ENGINE, ENGINES, check_engine, require_engine
+from pipette_cp.solvers.registry import MILP_METHODS
 from pipette_cp.specs import Instance, Plan, TrainingSpec, validate_spec
 from pipette_cp.specs._base import spec_error_from
 
@@ -82,6 +84,37 @@ MemoryHeadroomOption = Annotated[
         "of its memory (0.05, 5%) [default: 2%, at least 1 GiB].",
     ),
 ]
+
+RayAddressOption = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        help="host:port of a running Ray cluster (--executor ray) [default: RAY_ADDRESS, "
+        "else a local Ray].",
+    ),
+]
+
+MilpSolverOption = Annotated[
+    str | None,
+    typer.Option(
+        "--milp-solver",
+        help=f"MILP engine of --method milp and split-milp: {', '.join(ENGINES)} "
+        f"(commercial ones where PuLP can start them) [default: {DEFAULT_ENGINE}].",
+    ),
+]
+
+
+def milp_solver_of(value: str | None, method: str) -> str:
+    """The engine ``--milp-solver`` names (default :data:`DEFAULT_ENGINE`): a one-line
+    SpecError for an unknown one, one PuLP cannot start, or a method without MILP."""
+    if value is None:
+        return DEFAULT_ENGINE
+    check_engine(value, "--milp-solver")
+    if method not in MILP_METHODS:
+        methods = " and ".join(sorted(MILP_METHODS))
+        raise SpecError("--milp-solver", value, f"applies to --method {methods} only; give one")
+    require_engine(value, "--milp-solver")
+    return value
 
 
 def parse_assignments(option: str, items: list[str]) -> dict[str, object]:

@@ -15,11 +15,15 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from pipette_cp.errors import SpecError
 from pipette_cp.io.cluster_file import cluster_to_mapping
+from pipette_cp.search.ray_runner import check_address, import_ray
+from pipette_cp.search.runners import EXECUTORS
+from pipette_cp.search.workers import check_jobs, default_jobs
 from pipette_cp.specs import Instance
 
 #: Seconds kept at the end of ``--time-limit`` for printing and writing the result.
@@ -53,6 +57,32 @@ def check_run_options(top: int, time_limit: float | None, seed: int) -> None:
         )
     if not 0 <= seed <= MAX_SEED:
         raise SpecError("--seed", seed, f"must be in 0..{MAX_SEED}")
+
+
+def check_workers(
+    jobs: int | None, executor: str, ray_address: str | None, snapshots: bool
+) -> dict[str, Any]:
+    """``--jobs`` (default: the machine's cores), ``--executor`` and ``--ray-address``
+    checked before any work, as keyword arguments of the search."""
+    if executor not in EXECUTORS:
+        raise SpecError("--executor", executor, f"expected one of {', '.join(EXECUTORS)}")
+    if jobs is not None:
+        try:
+            check_jobs(jobs)
+        except SpecError:
+            raise SpecError("--jobs", jobs, "must be a whole number of workers >= 1") from None
+    if snapshots and (jobs not in (None, 1) or executor != "local"):
+        raise SpecError("--jobs", jobs, "the search over --snapshots runs in one process")
+    if ray_address is not None and executor != "ray":
+        raise SpecError("--ray-address", ray_address, "applies to --executor ray only")
+    if executor == "ray":
+        import_ray()
+        if ray_address is not None:
+            check_address(ray_address, "--ray-address")
+    if snapshots:
+        return {}
+    return {"jobs": default_jobs() if jobs is None else jobs, "executor": executor,
+            "ray_address": ray_address}  # fmt: skip
 
 
 def search_budget(time_limit: float, started_at: float) -> float:

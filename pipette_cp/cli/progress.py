@@ -3,6 +3,7 @@ or the benchmark suite's one bar over its jobs."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -16,6 +17,7 @@ from rich.progress import (
 )
 
 from pipette_cp.cli.console import err_console
+from pipette_cp.specs import Plan
 
 #: Label of every phase the search (and the robust search) reports.
 PHASES = {
@@ -47,3 +49,33 @@ def search_progress(disable: bool = False) -> Iterator[Callable[[str, int, int],
             bar.update(tasks[phase], completed=done, total=total)
 
         yield progress
+
+
+@contextmanager
+def solve_progress(
+    deadline: float, disable: bool = False
+) -> Iterator[tuple[Callable[[str, int, int], None], Callable[[Plan, float | None], None]]]:
+    """``(progress, on_best)`` for a search ending by ``deadline`` (perf_counter time):
+    a bar per phase, and a line with the best plan so far, its gap to the search's
+    lower bound and the time left."""
+    with progress_bar(disable) as bar:
+        tasks: dict[str, TaskID] = {}
+        best = bar.add_task("best: none yet", total=None, visible=False)
+
+        def left() -> str:
+            return f"{max(deadline - time.perf_counter(), 0.0):.0f} s left"
+
+        def progress(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(PHASES.get(phase, phase), total=total)
+            bar.update(tasks[phase], completed=done, total=total)
+            bar.update(best, description=bar.tasks[best].fields.get("line", "best: none yet")
+                       + f", {left()}")  # fmt: skip
+
+        def on_best(plan: Plan, gap: float | None) -> None:
+            assert plan.evaluation is not None
+            shown = "gap unknown" if gap is None else f"gap {100 * gap:.1f} %"
+            line = f"best: {plan.layout()} {plan.evaluation.iteration_time_s:.4f} s ({shown})"
+            bar.update(best, description=f"{line}, {left()}", line=line, visible=True)
+
+        yield progress, on_best

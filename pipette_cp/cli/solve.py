@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -10,24 +11,28 @@ import typer
 
 from pipette_cp.api import solve_with_stats
 from pipette_cp.cli.clock import STARTED_AT
-from pipette_cp.cli.console import console
+from pipette_cp.cli.console import console, err_console
 from pipette_cp.cli.options import (
     NO_REPLACEMENTS,
     InstanceArgument,
+    MilpSolverOption,
+    RayAddressOption,
     Replacements,
     assumptions,
     instance_options,
+    milp_solver_of,
     resolve_instance,
 )
 from pipette_cp.cli.outputs import (
     check_output,
     check_run_options,
+    check_workers,
     instance_path,
     instance_text,
     search_budget,
     write_atomically,
 )
-from pipette_cp.cli.progress import search_progress
+from pipette_cp.cli.progress import solve_progress
 from pipette_cp.cli.robust import QuantileOption, SnapshotsOption, solve_robust
 from pipette_cp.errors import SpecError
 from pipette_cp.io.instance_file import DEFAULT_INSTANCE
@@ -67,7 +72,18 @@ def solve(
         ),
     ] = None,
     method: Annotated[str, typer.Option(help="Split/placement method.")] = "cpsat",
+    milp_solver: MilpSolverOption = None,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            "--jobs", help="Worker processes for the layouts [default: the machine's cores]."
+        ),
+    ] = None,
+    executor: Annotated[
+        str, typer.Option("--executor", help="Where the workers run: local | ray.")
+    ] = "local",
+    ray_address: RayAddressOption = None,
     tp: Annotated[str | None, typer.Option("--tp", help="Allowed tp sizes, e.g. 2,4,8.")] = None,
     pp: Annotated[str | None, typer.Option("--pp", help="Allowed pp sizes.")] = None,
     dp: Annotated[str | None, typer.Option("--dp", help="Allowed dp sizes.")] = None,
@@ -135,6 +151,8 @@ def solve(
         raise SpecError("--quantile", quantile, "applies to --snapshots only; give them too")
     if quantile is not None:
         check_quantile(quantile, "--quantile")
+    engine = milp_solver_of(milp_solver, method)
+    workers = check_workers(jobs, executor, ray_address, bool(snapshots))
     check_output(out)  # before any work: a bad path must not cost the whole search
     inst = resolve_instance(instance, replace)
     cluster, profile = replace.cluster, replace.profile
@@ -159,18 +177,17 @@ def solve(
         return solve_robust(
             inst, snapshots, 1.0 if quantile is None else quantile, method=method, top=top,
             time_limit=budget, seed=seed, space=space, as_json=as_json, out=out,
-            cluster=cluster, profile=profile,
+            cluster=cluster, profile=profile, milp_solver=engine,
         )  # fmt: skip
-    with search_progress(disable=as_json) as progress:
-        result = solve_with_stats(
-            inst,
-            method=method,
-            top_k=top,
-            time_limit_s=budget,
-            seed=seed,
-            space=space,
-            progress=progress,
-        )
+    with solve_progress(time.perf_counter() + budget, disable=as_json) as (progress, on_best):
+        try:
+            result = solve_with_stats(
+                inst, method=method, top_k=top, time_limit_s=budget, seed=seed, space=space,
+                progress=progress, milp_solver=engine, on_best=on_best, **workers,
+            )  # fmt: skip
+        except KeyboardInterrupt:
+            err_console.print("interrupted before any plan was found", highlight=False)
+            raise typer.Exit(130) from None
     plans = [p.model_copy(update={"instance": instance}) for p in result.plans]
     if out is not None:
         write_plan(plans[0], out, inst if replace.any() else None, cluster, profile)
@@ -187,7 +204,8 @@ def solve(
         f"{s.layouts} layouts: {s.invalid} invalid, {s.pruned_memory} never fit, {s.scored} scored, "
         f"{s.pruned_bound} pruned by the time bound, {s.solved} solved, {s.skipped_budget} over budget; "
         f"{s.wall_time_s:.1f} s; the best runs {steps} micro-batches per step"
-        + (f"; best plan written to {out}" if out else ""),
+        + (f"; best plan written to {out}" if out else "")
+        + ("; interrupted: the best plans found until then" if s.interrupted else ""),
         highlight=False,
     )
     idle = idle_nodes(inst.model_copy(update={"search_space": space}), best,

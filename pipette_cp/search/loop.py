@@ -16,21 +16,18 @@ Every returned plan fits in memory per the model and passes the checker.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-import numpy as np
-
-from pipette_cp.checker import check_plan
-from pipette_cp.cost.evaluate import Evaluator, validate_layout
-from pipette_cp.errors import InfeasibleError, LayoutError, PipetteError, SolverTimeoutError
-from pipette_cp.search.bounds import memory_check, time_lower_bound
+from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.errors import InfeasibleError, SolverTimeoutError
 from pipette_cp.search.capacity import capacity_error, knob_hints
 from pipette_cp.search.fallback import fallback
+from pipette_cp.search.phases import in_order, solve_all
 from pipette_cp.search.rerank import plan_time, rerank
+from pipette_cp.search.runners import make_runner
 from pipette_cp.search.selection import (
     Weight,
     all_gpus_reference,
@@ -41,12 +38,18 @@ from pipette_cp.search.selection import (
 )
 from pipette_cp.search.space import check_degrees, enumerate_layouts, gpu_counts
 from pipette_cp.search.sweep import SWEPT_METHODS, Candidate, sweep
-from pipette_cp.solvers import SolveOptions, get_method
-from pipette_cp.solvers.extensions import ConstraintFamily, family_violations
+from pipette_cp.search.workers import Runner, bound_layouts, check_jobs, score_skeletons
+from pipette_cp.solvers import SolveOptions
+from pipette_cp.solvers.extensions import ConstraintFamily
+from pipette_cp.solvers.milp_engine import DEFAULT_ENGINE, require_engine
+from pipette_cp.solvers.registry import MILP_METHODS
 from pipette_cp.specs import Instance, Plan, SearchSpace
 
 #: ``progress(phase, done, total)``; phases: "bounds", "score", "solve", "rerank".
 Progress = Callable[[str, int, int], None]
+#: ``on_best(plan, gap)``: a new incumbent (evaluated) and its gap to the search's lower
+#: bound (None while some layout is unbounded).
+Incumbent = Callable[[Plan, float | None], None]
 
 
 #: Share of the budget the solves may use; the rest covers re-ranking and reporting.
@@ -59,9 +62,6 @@ MIN_SCORED = 32
 SWEEP_SHARE = 0.2
 #: Share of the budget after which bounding the layouts stops (the rest are not tried).
 BOUND_SHARE = 0.3
-#: Least time a solve is started with, per GPU of the cluster (its fixed costs: 4,096
-#: GPUs took about 3 s before the first master solve), s.
-MIN_SOLVE_S_PER_GPU = 1e-3
 
 
 def default_time_limit_s(instance: Instance) -> float:
@@ -93,6 +93,10 @@ class SearchStats:
     bound_by_gpus: dict[int, float] = field(default_factory=dict)
     #: per GPU total: the fastest fitting plan found, s
     best_by_gpus: dict[int, float] = field(default_factory=dict)
+    #: no plan beats this (objective units; None: some layouts were left unbounded)
+    lower_bound: float | None = None
+    #: stopped by Ctrl-C: the plans are the best found until then
+    interrupted: bool = False
 
 
 @dataclass
@@ -127,11 +131,26 @@ def search(
     max_solves: int | None = None,
     progress: Progress | None = None,
     constraints: Sequence[ConstraintFamily] = (),
+    milp_solver: str = DEFAULT_ENGINE,
+    jobs: int = 1,
+    on_best: Incumbent | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> SearchResult:
     """The ``top_k`` fastest plans that fit, best first (see the module docstring).
 
+    ``jobs``: worker processes for the layouts' bounds, scores and solves
+    (:mod:`~pipette_cp.search.workers`; 1: all in this process), on ``executor``
+    ``"local"`` or ``"ray"`` (actors on the cluster at ``ray_address``, else a local
+    Ray; :mod:`~pipette_cp.search.ray_runner`).  ``on_best``: called
+    with every new incumbent and its gap.  Ctrl-C (KeyboardInterrupt) during the sweep or
+    the solves returns the plans found so far (``stats.interrupted``); before any plan
+    exists it propagates.
+
     ``constraints``: user constraint families (:mod:`pipette_cp.solvers.extensions`);
     the exact methods add them to their models, and plans that violate one are dropped.
+    ``milp_solver``: the engine of the ``milp`` methods' masters
+    (:class:`~pipette_cp.solvers.SolveOptions`); one PuLP cannot start is a SpecError here.
 
     Raises
     ------
@@ -141,13 +160,19 @@ def search(
         smallest deficit of a layout and what would make one fit.
     """
     start = time.perf_counter()
+    check_jobs(jobs)
+    options = SolveOptions(seed=seed, constraints=tuple(constraints), milp_solver=milp_solver)
+    if method in MILP_METHODS:  # before any work: every solve would fail
+        require_engine(milp_solver)
     space = space or instance.search_space
     if space != instance.search_space:  # the evaluator and checker read the instance's
         instance = instance.model_copy(update={"search_space": space})
     if space.exclude_nodes:  # every method sees only the nodes left; plans mapped back
         sub, kept = restrict(instance)
         found = search(sub, method=method, top_k=top_k, time_limit_s=time_limit_s, seed=seed,
-                       max_solves=max_solves, progress=progress, constraints=constraints)  # fmt: skip
+                       max_solves=max_solves, progress=progress, constraints=constraints,
+                       milp_solver=milp_solver, jobs=jobs, on_best=on_best, executor=executor,
+                       ray_address=ray_address)  # fmt: skip
         return SearchResult([lift(p, kept) for p in found.plans], found.stats)
     check_degrees(instance, space)  # a space with no (dp, pp, tp) is bad input, not "nothing fits"
     too_big = capacity_error(instance, space)
@@ -155,12 +180,7 @@ def search(
         raise InfeasibleError(too_big)
     if time_limit_s is None:
         time_limit_s = default_time_limit_s(instance)
-    solve = get_method(method)
     notify = progress or (lambda phase, done, total: None)
-    stats = SearchStats()
-    weight = objective_weight(space)
-    evaluator = Evaluator(instance, validate=False)
-    survivors: list[tuple[float, Plan]] = []
     # every GPU first, then most model parallelism (experts split over ep count too):
     # when the budget stops the bounding early, the layouts most likely to fit a large
     # model on all GPUs have been bounded
@@ -173,34 +193,61 @@ def search(
     )
     layouts = round_robin(layouts, everything)
     layouts = preferred_skeletons(instance, layouts)
-    stats.layouts = len(layouts)
+    runner = make_runner(instance, method, layouts, jobs, executor, ray_address)
+    # the workers' start-up (a Ray cluster, its actors) comes off the budget first
+    ready = time.perf_counter()
+    time_limit_s = max(time_limit_s - (ready - start), 0.0)
+    interrupted = False
+    try:
+        result = _run(instance, space, method, top_k, time_limit_s, options, max_solves, notify,
+                      runner, layouts, ready, on_best)  # fmt: skip
+        result.stats.wall_time_s = time.perf_counter() - start
+        return result
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
+    finally:
+        runner.close(abort=interrupted)
+
+
+def _run(
+    instance: Instance, space: SearchSpace, method: str, top_k: int, time_limit_s: float,
+    options: SolveOptions, max_solves: int | None, notify: Progress, runner: Runner,
+    layouts: list[Plan], start: float, on_best: Incumbent | None,
+) -> SearchResult:  # fmt: skip
+    """The phases of :func:`search` over ``layouts`` in order."""
+    stats = SearchStats(layouts=len(layouts))
+    weight = objective_weight(space)
+    evaluator = Evaluator(instance, validate=False)
+    survivors: list[tuple[float, int]] = []  # (bound, index into layouts)
     bound_until = start + BOUND_SHARE * time_limit_s
-    for i, plan in enumerate(layouts):
+    handed = 0
+
+    def bounding() -> bool:  # the first chunk always; then while the share lasts
+        nonlocal handed
+        handed += 1
+        return handed == 1 or time.perf_counter() <= bound_until
+
+    done = 0
+    for i, result in in_order(runner, bound_layouts, range(len(layouts)), bounding):
         notify("bounds", i + 1, len(layouts))
-        if i and time.perf_counter() > bound_until:  # keep the budget for the solves
-            stats.skipped_budget += len(layouts) - i
-            stats.notes.append(
-                f"bounding stopped by the budget after {i} of {len(layouts)} layouts"
-            )
-            break
-        try:
-            validate_layout(instance, plan)
-        except LayoutError:
+        done = i + 1
+        plan = layouts[i]
+        if result.status == "invalid":
             stats.invalid += 1
-            continue
-        check = memory_check(instance, plan)
-        if not check.feasible:
+        elif result.status == "never fits":
             stats.pruned_memory += 1
-            if check.deficit_bytes < stats.smallest_deficit_bytes:
-                stats.smallest_deficit_bytes, stats.deficit_layout = (
-                    check.deficit_bytes,
-                    plan.layout(),
-                )
-            continue
-        bound = time_lower_bound(instance, plan)
-        total = plan.num_gpus
-        stats.bound_by_gpus[total] = min(bound, stats.bound_by_gpus.get(total, math.inf))
-        survivors.append((bound * weight(plan), plan))
+            if result.deficit_bytes < stats.smallest_deficit_bytes:
+                stats.smallest_deficit_bytes = result.deficit_bytes
+                stats.deficit_layout = plan.layout()
+        else:
+            total = plan.num_gpus
+            bound = result.bound_s
+            stats.bound_by_gpus[total] = min(bound, stats.bound_by_gpus.get(total, math.inf))
+            survivors.append((bound * weight(plan), i))
+    if done < len(layouts):
+        stats.skipped_budget += len(layouts) - done
+        stats.notes.append(f"bounding stopped by the budget after {done} of {len(layouts)} layouts")
     if not survivors and stats.skipped_budget:
         raise SolverTimeoutError(
             f"the time limit of {time_limit_s:g} s ran out while bounding the layouts: none of "
@@ -210,29 +257,44 @@ def search(
     if not survivors:
         raise InfeasibleError(_nothing_fits(instance, space, stats))
     survivors.sort(key=lambda item: item[0])
+    if not stats.skipped_budget:  # every layout bounded: none beats the least bound
+        stats.lower_bound = survivors[0][0]
+
+    def improved(plan: Plan) -> None:
+        if on_best is not None:
+            cost = plan_time(plan) * weight(plan)
+            low = stats.lower_bound
+            on_best(plan, None if low is None else max(cost - low, 0.0) / cost)
+
     score_until = start + SCORE_SHARE * time_limit_s
-    candidates = _score(evaluator, survivors, stats, notify, score_until, weight)
-    options = SolveOptions(seed=seed, constraints=tuple(constraints))
+    candidates = _score(runner, layouts, survivors, stats, notify, score_until, weight)
     pool: list[Plan] = []
-    if method in SWEPT_METHODS:
-        notify("sweep", 0, len(candidates))
-        until = time.perf_counter() + SWEEP_SHARE * time_limit_s
-        pool, candidates = sweep(instance, evaluator, candidates, options, until, weight)
-        stats.notes.append(f"greedy sweep: {len(pool)} plans")
-    plans = pool + _solve_all(
-        instance,
-        evaluator,
-        candidates,
-        solve,
-        stats,
-        notify,
-        start,
-        SOLVE_SHARE * time_limit_s,
-        options,
-        max_solves,
-        weight,
-        min((plan_time(p) * weight(p) for p in pool), default=math.inf),
-    )
+    solved: list[Plan] = []
+    try:
+        if method in SWEPT_METHODS:
+            notify("sweep", 0, len(candidates))
+            until = time.perf_counter() + SWEEP_SHARE * time_limit_s
+            pool, candidates = sweep(instance, evaluator, candidates, options, until, weight)
+            stats.notes.append(f"greedy sweep: {len(pool)} plans")
+            if pool:
+                improved(min(pool, key=lambda p: plan_time(p) * weight(p)))
+        incumbent = min((plan_time(p) * weight(p) for p in pool), default=math.inf)
+        solve_all(instance, evaluator, runner, candidates, stats, notify, start,
+                  SOLVE_SHARE * time_limit_s, options, max_solves, weight, incumbent,
+                  solved=solved, improved=improved)  # fmt: skip
+    except KeyboardInterrupt:
+        if not pool and not solved:
+            raise
+        stats.interrupted = True
+        stats.notes.append("interrupted: the best plans found until then")
+        runner.close(abort=True)
+        by_layout: dict[str, Plan] = {}
+        for plan in sorted(pool + solved, key=lambda p: plan_time(p) * weight(p)):
+            by_layout.setdefault(plan.layout(), plan)  # the analytic best of each layout
+        ranked = list(by_layout.values())[:top_k]
+        stats.wall_time_s = time.perf_counter() - start
+        return SearchResult(ranked, stats)
+    plans = pool + solved
     end = start + time_limit_s
     if not plans:  # every solve failed or ran out of time: the scored skeletons remain
         plans = fallback(evaluator, candidates, options, method, top_k, end)
@@ -264,8 +326,9 @@ def search(
 
 
 def _score(
-    evaluator: Evaluator,
-    survivors: list,
+    runner: Runner,
+    layouts: list[Plan],
+    survivors: list[tuple[float, int]],
     stats: SearchStats,
     notify: Progress,
     until: float,
@@ -280,9 +343,11 @@ def _score(
     bandwidth).  Estimates order the solves only; pruning uses fitting scores.  Scores
     and bounds are in the objective's units (``weight`` x s)."""
     best = math.inf
-    repaired: Evaluator | None = None
     scored: list[Candidate] = []
-    for i, (bound, plan) in enumerate(survivors):
+    stop = False
+    results = in_order(runner, score_skeletons, [k for _, k in survivors], lambda: not stop)
+    for i, result in results:
+        bound, plan = survivors[i][0], layouts[survivors[i][1]]
         notify("score", i + 1, len(survivors))
         if bound >= best:
             stats.pruned_bound += len(survivors) - i
@@ -292,98 +357,20 @@ def _score(
             stats.skipped_budget += len(survivors) - i
             stats.notes.append(f"scoring stopped by the budget after {i} skeletons")
             break
-        estimate = math.inf
-        try:
-            evaluation = evaluator.evaluate(plan)
-            score = evaluation.iteration_time_s if evaluation.fits else math.inf
-            deficit = -evaluation.memory_margin_bytes
-            if not evaluation.fits and deficit < stats.smallest_deficit_bytes:
-                stats.smallest_deficit_bytes, stats.deficit_layout = deficit, plan.layout()
-            estimate = evaluation.iteration_time_s  # memory_check says some split fits
-        except InfeasibleError:  # the default placement crosses a failed link
-            score = math.inf
-            stats.crossed_failed_links += 1
-            repaired = repaired or Evaluator(_repaired(evaluator.instance), validate=False)
-            with contextlib.suppress(PipetteError):
-                evaluation = repaired.evaluate(plan)
-                estimate = evaluation.iteration_time_s
+        stats.crossed_failed_links += result.crossed
+        unfit = not result.crossed and result.score_s == math.inf  # as it stands
+        if unfit and result.deficit_bytes < stats.smallest_deficit_bytes:
+            stats.smallest_deficit_bytes = result.deficit_bytes
+            stats.deficit_layout = plan.layout()
         stats.scored += 1
-        if math.isfinite(score):  # a real plan: even split on Megatron's order, fits
+        if math.isfinite(result.score_s):  # a real plan: even split on Megatron's order
             known = stats.best_by_gpus.get(plan.num_gpus, math.inf)
-            stats.best_by_gpus[plan.num_gpus] = min(score, known)
-        best = min(best, score * weight(plan))
-        scored.append(Candidate(estimate * weight(plan), bound, plan))
+            stats.best_by_gpus[plan.num_gpus] = min(result.score_s, known)
+        best = min(best, result.score_s * weight(plan))
+        scored.append(Candidate(result.estimate_s * weight(plan), bound, plan))
+    stop = True
+    results.close()
     return sorted(scored)
-
-
-def _repaired(instance: Instance) -> Instance:
-    """``instance`` with every failed GPU pair at the slowest working bandwidth."""
-    bw = instance.cluster.bandwidth_bytes_per_s
-    off = ~np.eye(len(bw), dtype=bool)
-    working = bw[off & (bw > 0)]
-    fixed = np.where(off & (bw <= 0), float(working.min()) if working.size else 1.0, bw)
-    cluster = instance.cluster.model_copy(update={"bandwidth_bytes_per_s": fixed})
-    return instance.model_copy(update={"cluster": cluster})
-
-
-def _solve_all(
-    instance: Instance,
-    evaluator: Evaluator,
-    candidates: list[Candidate],
-    solve: Callable,
-    stats: SearchStats,
-    notify: Progress,
-    start: float,
-    budget_s: float,
-    options: SolveOptions,
-    max_solves: int | None,
-    weight: Weight,
-    best: float = math.inf,
-) -> list[Plan]:
-    """Run the method on candidates, most promising first, within the budget.
-
-    Candidates that share degrees with a solved one (another micro-batch, recompute
-    or optimizer setting) start from its placement and get half a share: the
-    placement mostly carries over, the split is re-solved."""
-    solved: list[Plan] = []
-    placed: dict[tuple[int, int, int], Plan] = {}
-    for i, cand in enumerate(candidates):
-        notify("solve", i + 1, len(candidates))
-        if cand.bound_s >= best:
-            stats.pruned_bound += 1
-            continue
-        left = budget_s - (time.perf_counter() - start)
-        # a solve has fixed costs (its models' tables) that grow with the cluster: with
-        # less time than those left, the plans in hand (or the fallback) are the answer
-        too_short = left < MIN_SOLVE_S_PER_GPU * instance.cluster.num_gpus
-        if left <= 0 or too_short or (max_solves is not None and stats.solved >= max_solves):
-            stats.skipped_budget += 1
-            continue
-        share = max(left / max(1, min(len(candidates) - i, 8)), 0.5)
-        skeleton, degrees = cand.plan, cand.plan.placement_shape
-        if degrees in placed:
-            skeleton = skeleton.model_copy(update={"placement": placed[degrees].placement})
-            share = max(share / 2, 0.5)
-        try:
-            plan = solve(instance, skeleton, replace(options, time_limit_s=min(share, left)))
-            evaluation = evaluator.evaluate(plan)
-        except PipetteError:  # infeasible, a layout the method cannot express, timed out
-            stats.method_failures += 1
-            continue
-        stats.solved += 1
-        stats.with_gap += plan.solve_info is not None and plan.solve_info.gap is not None
-        if (
-            not evaluation.fits
-            or check_plan(instance, plan)
-            or family_violations(options.constraints, instance, plan)
-        ):
-            stats.method_failures += 1
-            continue
-        best = min(best, evaluation.iteration_time_s * weight(plan))
-        if degrees not in placed or plan_time(placed[degrees]) > evaluation.iteration_time_s:
-            placed[degrees] = plan.model_copy(update={"evaluation": evaluation})
-        solved.append(plan.model_copy(update={"evaluation": evaluation}))
-    return solved
 
 
 def _nothing_fits(instance: Instance, space: SearchSpace, stats: SearchStats) -> str:

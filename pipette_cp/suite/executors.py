@@ -7,7 +7,6 @@ back to the caller (the parent process), which alone writes the store.
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections import deque
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from typing import Any, Protocol
 
 from pipette_cp.errors import SpecError
+from pipette_cp.search.ray_runner import check_address, import_ray
 from pipette_cp.suite.jobs import CRASH, BenchRow, Job, failed_row, run_job
 
 #: Executor names accepted by :func:`make_executor` (and ``--executor``).
@@ -79,14 +79,18 @@ class PoolExecutor:
 
 class RayExecutor:
     """Jobs as Ray tasks, one CPU each, on the cluster ``ray.init`` connects to: the one
-    at ``RAY_ADDRESS`` if set, else a new local one with ``workers`` CPUs; an already
-    initialised Ray is used as it is."""
+    at ``address`` (checked reachable first), else at ``RAY_ADDRESS`` if set, else a new
+    local one with ``workers`` CPUs; an already initialised Ray is used as it is."""
 
-    def __init__(self, workers: int | None = None) -> None:
+    def __init__(self, workers: int | None = None, address: str | None = None) -> None:
         self._ray = import_ray()
         if not self._ray.is_initialized():
-            local = {} if os.environ.get("RAY_ADDRESS") else {"num_cpus": workers}
-            self._ray.init(**local, include_dashboard=False, log_to_driver=False)
+            if address is not None:
+                self._ray.init(address=check_address(address, "--ray-address"),
+                               log_to_driver=False)  # fmt: skip
+            else:
+                local = {} if os.environ.get("RAY_ADDRESS") else {"num_cpus": workers}
+                self._ray.init(**local, include_dashboard=False, log_to_driver=False)
         self._task = self._ray.remote(num_cpus=1)(run_job)
         self._pending: dict[Any, Job] = {}
 
@@ -109,22 +113,15 @@ class RayExecutor:
         self._pending.clear()
 
 
-def import_ray() -> Any:
-    """The ``ray`` module, or a one-line error saying how to get it."""
-    try:
-        return importlib.import_module("ray")
-    except ImportError:
-        raise SpecError(
-            "--executor", "ray", "Ray is not installed; install pipette-cp[ray]"
-        ) from None
-
-
-def make_executor(name: str = "local", jobs: int = 1) -> Executor:
-    """The executor called ``name`` with ``jobs`` parallel workers."""
+def make_executor(name: str = "local", jobs: int = 1, address: str | None = None) -> Executor:
+    """The executor called ``name`` with ``jobs`` parallel workers (``address``: of a
+    running Ray cluster, with ``"ray"`` only)."""
     if jobs < 1:
         raise SpecError("--jobs", jobs, "expected at least 1")
+    if address is not None and name != "ray":
+        raise SpecError("--ray-address", address, "applies to --executor ray only")
     if name == "local":
         return InlineExecutor() if jobs == 1 else PoolExecutor(jobs)
     if name == "ray":
-        return RayExecutor(jobs)
+        return RayExecutor(jobs, address)
     raise SpecError("--executor", name, f"expected one of {', '.join(EXECUTORS)}")

@@ -117,6 +117,7 @@ class CpSatBackend:
 
     def solve(self, time_limit_s: float, workers: int, seed: int) -> MasterResult:
         solver = cp_model.CpSolver()
+        solver.parameters.catch_sigint_signal = False  # Ctrl-C stops the search, not one solve
         solver.parameters.max_time_in_seconds = max(time_limit_s, 0.01)
         solver.parameters.num_workers = max(workers, 1)
         solver.parameters.random_seed = seed

@@ -80,6 +80,7 @@ class CpSatSplitBackend:
 
     def solve(self, time_limit_s: float, n: list[Any], t: Any) -> MasterSolution:
         solver = cp_model.CpSolver()
+        solver.parameters.catch_sigint_signal = False  # Ctrl-C stops the search, not one solve
         solver.parameters.max_time_in_seconds = max(time_limit_s, 1e-3)
         solver.parameters.num_workers = self.workers
         solver.parameters.random_seed = self.seed

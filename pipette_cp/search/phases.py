@@ -1,0 +1,191 @@
+"""The search's three per-layout phases over a :class:`~pipette_cp.search.workers.Runner`.
+
+Bounding and scoring hand the layouts out in chunks, a few chunks ahead of the one the
+search reads, and read the results in the layouts' order, so every decision (a budget
+stop, the bound passing the best score) falls where the sequential search puts it; a
+worker then only computes a little ahead.  Solving hands out one layout per worker, the
+most promising first, each pruned against the incumbent when it is handed out and given
+its share of the time left; results are taken as they finish.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Generator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import replace
+from typing import Any
+
+from pipette_cp.checker import check_plan
+from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.errors import PipetteError
+from pipette_cp.search.rerank import plan_time
+from pipette_cp.search.sweep import Candidate
+from pipette_cp.search.workers import (
+    HANG_GRACE_S,
+    Bounded,
+    Runner,
+    Scored,
+    bound_layouts,
+    score_skeletons,
+    solve_skeleton,
+)
+from pipette_cp.solvers import SolveOptions
+from pipette_cp.solvers.extensions import family_violations
+from pipette_cp.specs import Instance, Plan
+
+#: Layouts per chunk handed to a worker in the bounding and scoring phases.
+CHUNK = 32
+#: Least time a solve is started with, per GPU of the cluster (its fixed costs: 4,096
+#: GPUs took about 3 s before the first master solve), s.
+MIN_SOLVE_S_PER_GPU = 1e-3
+
+Progress = Callable[[str, int, int], None]
+
+
+def in_order(
+    runner: Runner, fn: Callable[[Sequence[int]], list], indices: Sequence[int],
+    keep_going: Callable[[], bool],
+) -> Generator[tuple[int, Any], None, None]:  # fmt: skip
+    """``(position, fn's result)`` for the layouts at ``indices``, in order, chunks
+    computed ahead while ``keep_going()`` (asked before each chunk is handed out)
+    holds; stops at the first chunk not handed out."""
+    size = 1 if runner.jobs == 1 else CHUNK
+    ahead = 1 if runner.jobs == 1 else 2 * runner.jobs
+    queue: deque[tuple[int, Future]] = deque()
+    start = 0
+    while True:
+        while start < len(indices) and len(queue) < ahead and keep_going():
+            chunk = list(indices[start : start + size])
+            queue.append((start, runner.submit(fn, chunk)))
+            start += size
+        if not queue:
+            return
+        first, future = queue.popleft()
+        for k, result in enumerate(future.result()):
+            yield first + k, result
+
+
+def solve_all(
+    instance: Instance, evaluator: Evaluator, runner: Runner, candidates: list[Candidate],
+    stats: Any, notify: Progress, start: float, budget_s: float, options: SolveOptions,
+    max_solves: int | None, weight: Callable[[Plan], float], best: float = math.inf,
+    solved: list[Plan] | None = None, improved: Callable[[Plan], None] | None = None,
+) -> list[Plan]:  # fmt: skip
+    """Run the method on candidates, most promising first, within the budget.
+
+    Candidates that share degrees with a solved one (another micro-batch, recompute
+    or optimizer setting) start from its placement and get half a share: the
+    placement mostly carries over, the split is re-solved.  With ``jobs`` workers a
+    share is ``jobs`` times the sequential one (as many solves run at once).
+    ``solved``: appended to as plans come in (an interrupted call leaves them there);
+    ``improved``: called with every plan that beats the incumbent."""
+    solved = [] if solved is None else solved
+    placed: dict[tuple[int, int, int], Plan] = {}
+    jobs = runner.jobs
+    pending: dict[Future, tuple[int, Candidate, Plan, SolveOptions, float]] = {}
+    retried: set[int] = set()
+    suspects: deque[tuple[int, Candidate, Plan, SolveOptions, float]] = deque()
+    alone = False  # a suspect runs by itself
+    i = 0
+
+    def hand_out(k: int, cand: Candidate, skeleton: Plan, opts: SolveOptions) -> None:
+        future = runner.submit(solve_skeleton, skeleton, opts)
+        pending[future] = (k, cand, skeleton, opts, time.perf_counter() + opts.time_limit_s)
+
+    while i < len(candidates) or pending or suspects:
+        if suspects and not pending:  # after a crash: the solves in flight, one at a time
+            k, cand, skeleton, opts, _ = suspects.popleft()
+            hand_out(k, cand, skeleton, opts)
+            alone = True
+        elif not pending:
+            alone = False
+        while not alone and i < len(candidates) and len(pending) < jobs:
+            cand = candidates[i]
+            i += 1
+            notify("solve", i, len(candidates))
+            if cand.bound_s >= best:
+                stats.pruned_bound += 1
+                continue
+            left = budget_s - (time.perf_counter() - start)
+            # a solve has fixed costs (its models' tables) that grow with the cluster: with
+            # less time than those left, the plans in hand (or the fallback) are the answer
+            too_short = left < MIN_SOLVE_S_PER_GPU * instance.cluster.num_gpus
+            if left <= 0 or too_short or (max_solves is not None and stats.solved >= max_solves):
+                stats.skipped_budget += 1
+                continue
+            remaining = len(candidates) - i + 1
+            share = max(jobs * left / max(jobs, min(remaining, 8 * jobs)), 0.5)
+            skeleton, degrees = cand.plan, cand.plan.placement_shape
+            if degrees in placed:
+                skeleton = skeleton.model_copy(update={"placement": placed[degrees].placement})
+                share = max(share / 2, 0.5)
+            hand_out(i - 1, cand, skeleton, replace(options, time_limit_s=min(share, left)))
+        if not pending:
+            break
+        timeout = max(
+            0.0, min(d for *_, d in pending.values()) + HANG_GRACE_S - time.perf_counter()
+        )
+        done, _ = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
+        if not done:  # a solve far past its limit: restart the workers, retry them once
+            _retry(runner, pending, retried, suspects, stats, "hung")
+            continue
+        for future in done:
+            k, cand, skeleton, opts, _ = pending.pop(future)
+            try:
+                plan = future.result()
+                evaluation = evaluator.evaluate(plan)
+            except runner.lost:  # a worker died: every solve in flight went with it
+                pending[future] = (k, cand, skeleton, opts, 0.0)
+                _retry(runner, pending, retried, suspects, stats, "died")
+                break
+            except PipetteError:  # infeasible, a layout the method cannot express, timed out
+                stats.method_failures += 1
+                continue
+            stats.solved += 1
+            stats.with_gap += plan.solve_info is not None and plan.solve_info.gap is not None
+            if (
+                not evaluation.fits
+                or check_plan(instance, plan)
+                or family_violations(options.constraints, instance, plan)
+            ):
+                stats.method_failures += 1
+                continue
+            evaluated = plan.model_copy(update={"evaluation": evaluation})
+            if evaluation.iteration_time_s * weight(plan) < best:
+                best = evaluation.iteration_time_s * weight(plan)
+                if improved is not None:
+                    improved(evaluated)
+            degrees = plan.placement_shape
+            if degrees not in placed or plan_time(placed[degrees]) > evaluation.iteration_time_s:
+                placed[degrees] = evaluated
+            solved.append(evaluated)
+    return solved
+
+
+def _retry(runner: Runner, pending: dict, retried: set[int], suspects: deque, stats: Any,
+           why: str) -> None:  # fmt: skip
+    """Restart the workers after a crash (or hang).  With several solves in flight the
+    culprit is unknown: each runs again alone.  A solve that crashes alone is retried
+    once; a second time it is skipped."""
+    lost = list(pending.values())
+    pending.clear()
+    runner.restart()
+    if len(lost) > 1:
+        names = ", ".join(cand.plan.layout() for _, cand, *_ in lost)
+        stats.notes.append(f"a worker {why} with {names} in flight: each runs again alone")
+        suspects.extend(lost)
+        return
+    k, cand, *_ = lost[0]
+    if k in retried:
+        stats.method_failures += 1
+        stats.notes.append(f"a worker {why} twice on {cand.plan.layout()}: skipped")
+        return
+    retried.add(k)
+    stats.notes.append(f"a worker {why} on {cand.plan.layout()}: retried")
+    suspects.append(lost[0])
+
+
+__all__ = ["Bounded", "Scored", "bound_layouts", "in_order", "score_skeletons", "solve_all"]
