@@ -25,7 +25,7 @@ from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.errors import InfeasibleError, SolverTimeoutError
 from pipette_cp.search.capacity import capacity_error, knob_hints
 from pipette_cp.search.fallback import fallback
-from pipette_cp.search.phases import in_order, solve_all
+from pipette_cp.search.phases import in_order, solve_all, sweep_all
 from pipette_cp.search.rerank import plan_time, rerank
 from pipette_cp.search.runners import make_runner
 from pipette_cp.search.selection import (
@@ -37,7 +37,7 @@ from pipette_cp.search.selection import (
     restrict,
 )
 from pipette_cp.search.space import check_degrees, enumerate_layouts, gpu_counts
-from pipette_cp.search.sweep import SWEPT_METHODS, Candidate, sweep
+from pipette_cp.search.sweep import SWEPT_METHODS, Candidate
 from pipette_cp.search.workers import Runner, bound_layouts, check_jobs, score_skeletons
 from pipette_cp.solvers import SolveOptions
 from pipette_cp.solvers.extensions import ConstraintFamily
@@ -274,7 +274,7 @@ def _run(
         if method in SWEPT_METHODS:
             notify("sweep", 0, len(candidates))
             until = time.perf_counter() + SWEEP_SHARE * time_limit_s
-            pool, candidates = sweep(instance, evaluator, candidates, options, until, weight)
+            pool, candidates = sweep_all(runner, layouts, candidates, options, until, weight)
             stats.notes.append(f"greedy sweep: {len(pool)} plans")
             if pool:
                 improved(min(pool, key=lambda p: plan_time(p) * weight(p)))

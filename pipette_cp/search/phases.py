@@ -1,6 +1,6 @@
-"""The search's three per-layout phases over a :class:`~pipette_cp.search.workers.Runner`.
+"""The search's per-layout phases over a :class:`~pipette_cp.search.workers.Runner`.
 
-Bounding and scoring hand the layouts out in chunks, a few chunks ahead of the one the
+Bounding, scoring and the greedy sweep hand the layouts out in chunks, a few chunks ahead of the one the
 search reads, and read the results in the layouts' order, so every decision (a budget
 stop, the bound passing the best score) falls where the sequential search puts it; a
 worker then only computes a little ahead.  Solving hands out one layout per worker, the
@@ -16,13 +16,14 @@ from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from pipette_cp.checker import check_plan
 from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.errors import PipetteError
 from pipette_cp.search.rerank import plan_time
-from pipette_cp.search.sweep import Candidate
+from pipette_cp.search.sweep import Candidate, merge_sweep
 from pipette_cp.search.workers import (
     HANG_GRACE_S,
     Bounded,
@@ -31,6 +32,7 @@ from pipette_cp.search.workers import (
     bound_layouts,
     score_skeletons,
     solve_skeleton,
+    sweep_layouts,
 )
 from pipette_cp.solvers import SolveOptions
 from pipette_cp.solvers.extensions import family_violations
@@ -66,6 +68,20 @@ def in_order(
         first, future = queue.popleft()
         for k, result in enumerate(future.result()):
             yield first + k, result
+
+
+def sweep_all(
+    runner: Runner, layouts: list[Plan], candidates: list[Candidate], options: SolveOptions,
+    until: float, weight: Callable[[Plan], float],
+) -> tuple[list[Plan], list[Candidate]]:  # fmt: skip
+    """The greedy sweep (:mod:`~pipette_cp.search.sweep`) over the candidates in order
+    until ``until``, on the workers (chunks read in order: the sequential sweep's result)."""
+    index = {id(p): k for k, p in enumerate(layouts)}
+    indices = [index[id(c.plan)] for c in candidates]
+    work = partial(sweep_layouts, options=options)
+    plans = [plan for _, plan in in_order(runner, work, indices,
+                                          lambda: time.perf_counter() <= until)]  # fmt: skip
+    return merge_sweep(candidates, plans, weight)
 
 
 def solve_all(

@@ -15,7 +15,6 @@ skeletons in score order, within a share of the budget, gives
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -39,38 +38,38 @@ class Candidate:
     plan: Plan = field(compare=False)
 
 
-def sweep(
-    instance: Instance,
-    evaluator: Evaluator,
-    candidates: list[Candidate],
-    options: SolveOptions,
-    until: float,
-    weight: Callable[[Plan], float] = lambda plan: 1.0,
+def greedy_plan(
+    instance: Instance, evaluator: Evaluator, skeleton: Plan, options: SolveOptions
+) -> Plan | None:
+    """The sweep's plan of one skeleton: the greedy placement, evaluated, if it fits,
+    passes the checker and the user families (else None)."""
+    try:
+        plan = get_method("greedy")(instance, skeleton, replace(options, time_limit_s=1.0))
+        evaluation = evaluator.evaluate(plan)
+    except PipetteError:
+        return None
+    if (
+        not evaluation.fits
+        or check_plan(instance, plan)
+        or family_violations(options.constraints, instance, plan)
+    ):
+        return None
+    info = SolveInfo(method="greedy (sweep)", status="heuristic")
+    return plan.model_copy(update={"evaluation": evaluation, "solve_info": info})
+
+
+def merge_sweep(
+    candidates: list[Candidate], plans: list[Plan | None], weight: Callable[[Plan], float]
 ) -> tuple[list[Plan], list[Candidate]]:
-    """Greedy plans for skeletons in order until ``until`` (perf_counter time), and
-    the candidates re-ordered: swept ones scored by their greedy plan's time (x
+    """The pool of greedy plans (``plans[i]``: the first candidates', None where none)
+    and the candidates re-ordered: swept ones scored by their greedy plan's time (x
     ``weight``, the objective), with its placement; the others as they were."""
-    greedy = get_method("greedy")
-    pool: list[Plan] = []
-    out: list[Candidate] = []
-    for i, cand in enumerate(candidates):
-        if time.perf_counter() > until:
-            out.extend(candidates[i:])
-            break
-        try:
-            plan = greedy(instance, cand.plan, replace(options, time_limit_s=1.0))
-            evaluation = evaluator.evaluate(plan)
-        except PipetteError:
+    pool = [p for p in plans if p is not None]
+    out = []
+    for cand, plan in zip(candidates, plans, strict=False):
+        if plan is None or plan.evaluation is None:
             out.append(cand)
-            continue
-        if (
-            not evaluation.fits
-            or check_plan(instance, plan)
-            or family_violations(options.constraints, instance, plan)
-        ):
-            out.append(cand)
-            continue
-        info = SolveInfo(method="greedy (sweep)", status="heuristic")
-        pool.append(plan.model_copy(update={"evaluation": evaluation, "solve_info": info}))
-        out.append(Candidate(evaluation.iteration_time_s * weight(plan), cand.bound_s, plan))
-    return pool, sorted(out)
+        else:
+            score = plan.evaluation.iteration_time_s * weight(plan)
+            out.append(Candidate(score, cand.bound_s, plan))
+    return pool, sorted(out + candidates[len(plans) :])

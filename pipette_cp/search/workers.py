@@ -32,6 +32,7 @@ import numpy as np
 from pipette_cp.cost.evaluate import Evaluator, validate_layout
 from pipette_cp.errors import InfeasibleError, LayoutError, PipetteError, SpecError
 from pipette_cp.search.bounds import memory_check, time_lower_bound
+from pipette_cp.search.sweep import greedy_plan
 from pipette_cp.solvers import SolveOptions, get_method
 from pipette_cp.specs import Instance, Plan
 
@@ -146,6 +147,13 @@ def score_skeletons(indices: Sequence[int]) -> list[Scored]:
         out.append(Scored(score, -evaluation.memory_margin_bytes, evaluation.iteration_time_s,
                           False))  # fmt: skip
     return out
+
+
+def sweep_layouts(indices: Sequence[int], options: SolveOptions) -> list[Plan | None]:
+    """The greedy sweep's plans of the worker's layouts at ``indices`` (None: none)."""
+    state = _state()
+    instance, evaluator, layouts = state["instance"], state["evaluator"], state["layouts"]
+    return [greedy_plan(instance, evaluator, layouts[i], options) for i in indices]
 
 
 def solve_skeleton(skeleton: Plan, options: SolveOptions) -> Plan:
