@@ -95,7 +95,8 @@ def solve_all(
     Candidates that share degrees with a solved one (another micro-batch, recompute
     or optimizer setting) start from its placement and get half a share: the
     placement mostly carries over, the split is re-solved.  With ``jobs`` workers a
-    share is ``jobs`` times the sequential one (as many solves run at once).
+    share is the sequential one while ``8 jobs`` candidates or more remain, and up to
+    ``jobs`` times it when fewer do (as many solves run at once).
     ``solved``: appended to as plans come in (an interrupted call leaves them there);
     ``improved``: called with every plan that beats the incumbent."""
     solved = [] if solved is None else solved
