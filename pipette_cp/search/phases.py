@@ -49,25 +49,31 @@ Progress = Callable[[str, int, int], None]
 
 def in_order(
     runner: Runner, fn: Callable[[Sequence[int]], list], indices: Sequence[int],
-    keep_going: Callable[[], bool],
+    keep_going: Callable[[], bool], chunk: int = CHUNK, ahead: int = 2,
 ) -> Generator[tuple[int, Any], None, None]:  # fmt: skip
-    """``(position, fn's result)`` for the layouts at ``indices``, in order, chunks
-    computed ahead while ``keep_going()`` (asked before each chunk is handed out)
-    holds; stops at the first chunk not handed out."""
-    size = 1 if runner.jobs == 1 else CHUNK
-    ahead = 1 if runner.jobs == 1 else 2 * runner.jobs
+    """``(position, fn's result)`` for the layouts at ``indices``, in order, ``chunk``
+    layouts per piece of work and ``ahead`` pieces per worker in flight, handed out
+    while ``keep_going()`` (asked before each) holds; stops at the first piece not
+    handed out.  Closed early, it cancels the pieces not yet started (the workers are
+    the next phase's)."""
+    size = 1 if runner.jobs == 1 else chunk
+    window = 1 if runner.jobs == 1 else ahead * runner.jobs
     queue: deque[tuple[int, Future]] = deque()
     start = 0
-    while True:
-        while start < len(indices) and len(queue) < ahead and keep_going():
-            chunk = list(indices[start : start + size])
-            queue.append((start, runner.submit(fn, chunk)))
-            start += size
-        if not queue:
-            return
-        first, future = queue.popleft()
-        for k, result in enumerate(future.result()):
-            yield first + k, result
+    try:
+        while True:
+            while start < len(indices) and len(queue) < window and keep_going():
+                piece = list(indices[start : start + size])
+                queue.append((start, runner.submit(fn, piece)))
+                start += size
+            if not queue:
+                return
+            first, future = queue.popleft()
+            for k, result in enumerate(future.result()):
+                yield first + k, result
+    finally:
+        for _, future in queue:
+            future.cancel()
 
 
 def sweep_all(
@@ -79,8 +85,10 @@ def sweep_all(
     index = {id(p): k for k, p in enumerate(layouts)}
     indices = [index[id(c.plan)] for c in candidates]
     work = partial(sweep_layouts, options=options)
-    plans = [plan for _, plan in in_order(runner, work, indices,
-                                          lambda: time.perf_counter() <= until)]  # fmt: skip
+    # one layout per piece, one piece per worker: a greedy plan of a large model takes a
+    # second, and what runs past ``until`` delays the solves
+    running = in_order(runner, work, indices, lambda: time.perf_counter() <= until, 1, 1)
+    plans = [plan for _, plan in running]
     return merge_sweep(candidates, plans, weight)
 
 
