@@ -42,6 +42,7 @@ from pipette_cp.solvers.placement.groups import (
     cp_exposure,
     expert_sync,
     group_inputs,
+    ring_latency,
 )
 from pipette_cp.specs import Instance, Plan
 from pipette_cp.specs.training import GRADIENT_SHARDING
@@ -324,8 +325,7 @@ class PlacementData:
 
     # ------------------------------------------------------------ x -> time
     def _ring_latency(self, cross: np.ndarray) -> np.ndarray:
-        c = self.instance.cluster
-        return c.intra_node_latency_s + (c.inter_node_latency_s - c.intra_node_latency_s) * cross
+        return ring_latency(self.instance, cross)
 
     def pipeline_inputs(self, x: np.ndarray) -> PipelineInputs:
         """Schedule inputs with the placement-dependent parts taken from ``x``."""
