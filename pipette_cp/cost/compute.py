@@ -28,19 +28,16 @@ from functools import partial
 
 import numpy as np
 
-from pipette_cp.cost.calibration import (
-    COLLECTIVE_LATENCY_S,
-    GpuCalibration,
-    calibration_for,
-    peak_flops,
-)
+from pipette_cp.cost.attention_window import window_tile_fraction
+from pipette_cp.cost.boundary import boundary_times as _boundary_times
+from pipette_cp.cost.boundary import mtp_param_split, mtp_times, tp_collective_time_s
+from pipette_cp.cost.calibration import GpuCalibration, calibration_for, peak_flops
 from pipette_cp.cost.context_parallel import check_cp_bandwidth, ring_exposed_s
-from pipette_cp.cost.flops import ATTENTION_CORE, Gemm, layer_gemms
+from pipette_cp.cost.flops import ATTENTION_CORE, layer_gemms
 from pipette_cp.cost.framework import attention_scale, framework_calibration
 from pipette_cp.cost.gemm_time import fp8_gemm_time_s, gemm_time_s
 from pipette_cp.cost.gemm_time import hbm_time_s as _hbm_time_s
 from pipette_cp.cost.kernels import (
-    CROSS_ENTROPY_BYTES,
     SOFTMAX_BYTES,
     attention_kernel,
     check_precision,
@@ -48,7 +45,7 @@ from pipette_cp.cost.kernels import (
     fused_attention_efficiency,
     uses_fp8,
 )
-from pipette_cp.cost.memory import padded_vocab_size
+from pipette_cp.cost.latent_attention import attention_input_width
 from pipette_cp.cost.moe import moe_layers_by_chunk
 from pipette_cp.cost.moe_compute import check_profile, layer_fp8_cast_bytes, layer_work
 from pipette_cp.cost.parameters import expert_shard_group, stage_param_split
@@ -61,17 +58,6 @@ from pipette_cp.specs.training import FUSED_ATTENTION, TrainingSpec
 
 
 # ------------------------------------------------------------------------- timing
-def tp_collective_time_s(num_bytes: float, tp: int, bandwidth_bytes_per_s: float) -> float:
-    """One ring all-gather or reduce-scatter of ``num_bytes`` over ``tp`` ranks.
-
-    ``(t-1)/t x bytes / B`` plus a start-up latency (Patarasuk & Yuan 2009;
-    an all-reduce is one of each).
-    """
-    if tp <= 1:
-        return 0.0
-    return COLLECTIVE_LATENCY_S + (tp - 1) / tp * num_bytes / bandwidth_bytes_per_s
-
-
 @dataclass(frozen=True)
 class LayerTimes:
     """Times of one transformer layer for one micro-batch on one GPU, s.
@@ -99,8 +85,10 @@ def _attention_core_times(
     kernel = attention_kernel(training, plan, gpu)
     if kernel in FUSED_ATTENTION:
         # FlashAttention (Dao et al. 2022; Dao 2023): causal blocks skipped (half the
-        # FLOPs), backward = 2.5 x forward (5 GEMMs instead of 2).
-        flops = 0.5 * sum(g.flops for g in gemms)
+        # FLOPs), backward = 2.5 x forward (5 GEMMs instead of 2); a sliding window's
+        # layers run their share of the tiles (cost.attention_window).  The scores take
+        # the query/key head width, the context the value width (latent attention).
+        flops = 0.5 * sum(g.flops for g in gemms) * window_tile_fraction(model, s)
         efficiency = fused_attention_efficiency(
             kernel, gpu, cal.flash_attention_efficiency
         ) * attention_scale(training, cal.gpu_family, plan.cp)
@@ -131,9 +119,12 @@ def _layer_tp_comm_s(
     """TP communication of one layer's forward pass (the backward has the same), s."""
     # Megatron TP: 2 all-reduces per layer in forward and 2 in backward, or with SP
     # 2 all-gathers + 2 reduce-scatters each way (Korthikanti et al. 2022 sec. 4.2.2),
-    # of the b s h / cp activation, 2 B per element.
+    # of the b s h / cp activation, 2 B per element; latent attention's first one
+    # moves its latents instead (cost.latent_attention.attention_input_width).
     act_bytes = 2.0 * training.seq_length * plan.micro_batch_size * model.hidden_size / plan.cp
-    return collectives * tp_collective_time_s(act_bytes, plan.tp, bw)
+    first = act_bytes * attention_input_width(model) / model.hidden_size
+    rest = (collectives - 1) * tp_collective_time_s(act_bytes, plan.tp, bw)
+    return tp_collective_time_s(first, plan.tp, bw) + rest
 
 
 def _combine(compute: float, comm: float, overlap: bool) -> tuple[float, float]:
@@ -237,39 +228,6 @@ def measured_layer_times(
     return LayerTimes(forward, backward, comm_fwd, comm_bwd, 0.0)
 
 
-def _boundary_times(
-    model: ModelSpec,
-    training: TrainingSpec,
-    gpu: GpuSpec,
-    plan: Plan,
-    tp_bandwidth_bytes_per_s: float,
-    cal: GpuCalibration,
-) -> tuple[tuple[float, float, float, float], tuple[float, float, float, float]]:
-    """(fwd, bwd, tp comm fwd, tp comm bwd) of the embedding and of LM head + loss
-    (over the ``s b / cp`` tokens of a context-parallel rank)."""
-    s, b, t = training.seq_length, plan.micro_batch_size, plan.tp
-    tokens, h = s * b // plan.cp, model.hidden_size
-    vocab = padded_vocab_size(model, t)
-    # Vocab-parallel embedding: one all-reduce (two ring halves) of b s h, 2 B each;
-    # the LM head gathers its input in forward and reduces its gradient in backward.
-    half = tp_collective_time_s(2.0 * tokens * h, t, tp_bandwidth_bytes_per_s)
-    # Embedding: gather rows (read + write 2 B), dropout (read, write, mask); backward
-    # scatter-adds the gradient into the table (~2 x the traffic).
-    emb_bytes = tokens * h * (4.0 + 5.0)
-    emb = (_hbm_time_s(emb_bytes, gpu, cal) + 2 * half, _hbm_time_s(2 * emb_bytes, gpu, cal))
-    head = Gemm("lm_head", tokens, vocab // t, h)
-    logits = tokens * vocab / t
-    # The vocab-parallel cross-entropy (cost.kernels.CROSS_ENTROPY_BYTES, fused or not);
-    # final norm 8 B (forward) and 16 B (backward) per hidden element.
-    ce_fwd, ce_bwd = CROSS_ENTROPY_BYTES[training.fused_cross_entropy]
-    head_fwd = gemm_time_s(head, gpu, cal) + _hbm_time_s(
-        ce_fwd * logits + 8.0 * tokens * h, gpu, cal
-    )
-    head_bwd = sum(gemm_time_s(g, gpu, cal) for g in head.backward())
-    head_bwd += _hbm_time_s(ce_bwd * logits + 16.0 * tokens * h, gpu, cal)
-    return (*emb, 2 * half, 0.0), (head_fwd + half, head_bwd + half, half, half)
-
-
 @dataclass(frozen=True)
 class ChunkTimes:
     """Per micro-batch times of every chunk, by virtual stage ``v = chunk * pp + stage``.
@@ -370,6 +328,10 @@ def chunk_times(
         parts = np.outer(astuple(layer), layers)
     parts[:4, 0] += emb  # rows as LayerTimes: fwd, bwd, tp comm fwd/bwd, recompute, cp comm
     parts[:4, -1] += head
+    if model.mtp_layers:  # on the last stage (cost.boundary), a block of the last layer's kind
+        block = moe if model.is_moe_layer(model.num_layers - 1) else layer
+        mtp_args = (tp_bandwidth_bytes_per_s, cal, astuple(block), (emb, head))
+        parts[:, -1] += mtp_times(model, training, gpu, plan, *mtp_args)
     forward, backward, tp_forward, tp_backward, recompute, cp_forward, cp_backward = parts
     return ChunkTimes(
         forward, backward, tp_forward, tp_backward, recompute, measured=profile is not None,
@@ -390,6 +352,8 @@ def optimizer_step_time_s(
     """
     cal = calibration_for(gpu)
     dense, experts = stage_param_split(model, plan, stage)
+    mtp_dense, mtp_experts = mtp_param_split(model, plan, stage)  # last stage
+    dense, experts = dense + mtp_dense, experts + mtp_experts
     params = dense + experts
     # the distributed optimizer: dense state over dp x cp, the experts' over expert dp
     shard = dense / plan.shard_group + experts / expert_shard_group(plan) \

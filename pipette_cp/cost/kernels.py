@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 
 from pipette_cp.cost.framework import resolve_framework
+from pipette_cp.cost.latent_attention import attention_cast_elements
 from pipette_cp.errors import SpecError
 from pipette_cp.specs.gpu import GpuSpec
 from pipette_cp.specs.model import ModelSpec
@@ -284,13 +285,14 @@ def fp8_cast_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> tupl
     Transformer Engine casts them once per step (not counted)."""
     tokens = training.seq_length * plan.micro_batch_size
     h, f, t = model.hidden_size, model.ffn_hidden_size, plan.tp
-    q, kv = model.num_attention_heads * model.head_size, model.kv_heads * model.head_size
     fc1 = (2 if model.activation == "swiglu" else 1) * f
     hidden = h / t if plan.sequence_parallel else float(h)  # per token, one hidden vector
-    forward = tokens * (2 * hidden + (q + f) / t)
-    backward = tokens * ((q + 2 * kv + fc1) / t + 2 * hidden)
+    # the attention's projections (latent attention's too): cost.latent_attention
+    attn_fwd, attn_bwd, attn_weights = attention_cast_elements(model, tokens, plan)
+    forward = attn_fwd + tokens * (hidden + f / t)
+    backward = attn_bwd + tokens * (fc1 / t + hidden)
     if not keeps_fp8_tensors(training):
-        weights = h * (q + 2 * kv + fc1) / t + (q + f) * h / t
+        weights = attn_weights + (h * fc1 + f * h) / t
         forward, backward = forward + weights, backward + weights
     per_element = FP8_CAST_BYTES[fp8_recipe(training)]
     return forward * per_element, backward * per_element

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from pipette_cp.cost.attention_variants import check_attention_variants
 from pipette_cp.errors import LayoutError
 from pipette_cp.specs.instance import Instance
 from pipette_cp.specs.plan import Plan
@@ -41,24 +42,11 @@ def knobs_key(plan: Plan) -> tuple:
     )  # fmt: skip
 
 
-def _unpriced(model: Any) -> list[tuple[str, object, str]]:
-    """Architecture features the model files describe but the time model does not price."""
-    found = []
-    if model.kv_lora_rank is not None:
-        found.append(("kv_lora_rank", model.kv_lora_rank, "multi-head latent attention (MLA)"))
-    if model.sliding_window is not None:
-        found.append(("sliding_window", model.sliding_window, "sliding-window attention"))
-    if model.attention_sinks:
-        found.append(("attention_sinks", True, "attention sinks"))
-    if model.mtp_layers:
-        found.append(("mtp_layers", model.mtp_layers, "multi-token prediction"))
-    return found
-
-
 def check_knobs(instance: Instance, plan: Plan) -> None:
     """Raise :class:`LayoutError` for the first failing check that ignores the placement.
 
     In order: context- and expert-parallel rules (:func:`check_context_and_experts`);
+    the attention variants' kernels (:func:`~pipette_cp.cost.attention_variants.check_attention_variants`);
     tp within a node (beyond a node: a multiple of gpus_per_node dividing the GPUs of an NVLink domain) and dividing the attention
     and key/value heads; dp * pp * tp GPUs; dp * micro-batch dividing the global
     batch; the layer split; interleaving (pp > 1, pp dividing the micro-batches
@@ -71,8 +59,8 @@ def check_knobs(instance: Instance, plan: Plan) -> None:
     heads, kv = model.num_attention_heads, model.kv_heads
     product = f"dp={dp} x pp={pp} x tp={tp}" + (f" x cp={plan.cp}" if plan.cp > 1 else "")
     check_context_and_experts(model, training, plan)
-    for field, value, what in _unpriced(model):
-        raise LayoutError(f"model.{field}", value, f"{what} is not in the cost model yet")
+    # latent attention, sliding windows, sinks, multi-token prediction: what the stack runs
+    check_attention_variants(model, training, plan, cluster.gpu_types.values())
     if tp > g:
         _check_wide_tp(cluster, tp)
     if heads % tp:

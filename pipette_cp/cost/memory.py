@@ -37,7 +37,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from pipette_cp.cost import memory_moe, memory_recompute, parameters
+from pipette_cp.cost import memory_fsdp2, memory_moe, memory_recompute, parameters
+from pipette_cp.cost.boundary import mtp_param_split
 from pipette_cp.cost.calibration import MEMORY_CALIBRATION, MemoryCalibration
 from pipette_cp.cost.framework import resolve_framework
 from pipette_cp.cost.kernels import (
@@ -48,6 +49,7 @@ from pipette_cp.cost.kernels import (
     uses_fp8,
     uses_fused_attention,
 )
+from pipette_cp.cost.latent_attention import latent_activation_bytes
 from pipette_cp.cost.memory_limits import (
     in_flight_microbatches,
     num_microbatches,
@@ -120,6 +122,9 @@ def _full_layer_activation_bytes(
     h, f = model.hidden_size, model.ffn_hidden_size
     q_width = model.num_attention_heads * model.head_size
     kv_width = model.kv_heads * model.head_size
+    # value and attention-output widths (v_head_dim with latent attention)
+    v_width = model.kv_heads * model.v_head_size
+    out_width = model.num_attention_heads * model.v_head_size
     drop = 1.0 if training.dropout else 0.0
     fused = uses_fused_attention(training, plan)
     # The bytes of a GEMM input kept for the weight gradient: 2, or under FP8 with
@@ -132,14 +137,15 @@ def _full_layer_activation_bytes(
     # MoE layer has no FC1 (its router and shared experts keep the norm output: memory_moe).
     fc1_in, norm_extra = (0.0 if moe else gemm_in), unfused_norm_extra_bytes(model, training, plan)
     per_h = 4.0 + gemm_in + fc1_in + 2.0 * drop + 2.0 * norm_extra
-    replicated = tokens * h * per_h
+    # latent attention: the latents' norm inputs and outputs (cost.latent_attention)
+    replicated = tokens * (h * per_h + latent_activation_bytes(model))
     if plan.sequence_parallel:
         replicated /= t
     # Same source, split over tp: Q, K (2 B each), V (2 B), output-projection input
     # (2 B) -> 8sbh for MHA; widths from the q/kv head counts (GQA).  Under FP8 the fused
     # attention keeps its bf16 output (the projection input) beside the FP8 copy.
     proj_in = gemm_in + (2.0 if fused and gemm_in != 2.0 else 0.0)
-    attention = tokens * (2 * q_width + 2 * kv_width + 2 * kv_width + proj_in * q_width)
+    attention = tokens * (2 * q_width + 2 * kv_width + 2 * v_width + proj_in * out_width)
     # Same source: GeLU input and output (2 x 2 x 4h -> 16sbh); SwiGLU stores the
     # gate and up projections (2 x 2f) and its output (2f), the FC2 input.
     mlp = 0.0  # a MoE layer's MLP terms: memory_moe
@@ -218,10 +224,16 @@ def _embedding_activation_bytes(model: ModelSpec, training: TrainingSpec, plan: 
 
 def _last_stage_head_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
     """Final-norm input and LM-head input, 2sbh each (Megatron theoretical memory, pp=1),
-    of the ``s b / cp`` tokens of a GPU."""
+    of the ``s b / cp`` tokens of a GPU; and of each multi-token prediction module (on the
+    last stage: cost.boundary) its block's kept bytes (a layer of the last layer's kind)
+    and the inputs of its enorm, hnorm (2sbh each), eh_proj (4sbh), final norm and of the
+    shared head (2sbh each)."""
     sbh = training.seq_length / plan.cp * plan.micro_batch_size * model.hidden_size
     shard = plan.tp if plan.sequence_parallel else 1
-    return 4.0 * sbh / shard
+    if not model.mtp_layers:
+        return 4.0 * sbh / shard
+    block = _kept_layer_bytes(model, training, plan, model.is_moe_layer(model.num_layers - 1))
+    return 4.0 * sbh / shard + model.mtp_layers * (block + 12.0 * sbh / shard)
 
 
 def logits_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
@@ -233,14 +245,16 @@ def logits_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
     backward): 6 B per element at the peak.  A framework with its own unfused loss says
     what it keeps (``Framework.loss_logit_bytes``: torchtitan's eager fp32 loss, 12 B).
     Under 1F1B the last stage runs each micro-batch's backward right after its forward,
-    so one micro-batch of logits is alive.
+    so one micro-batch of logits is alive: of the main head and of every multi-token
+    prediction depth (each computes its loss in the forward, kept for the backward).
     """
     vocab = padded_vocab_size(model, plan.tp)
     kept = LOGITS_KEPT_BYTES[training.fused_cross_entropy]  # 2 B when the loss is fused
     own = resolve_framework(training.framework).loss_logit_bytes
     if own is not None and not training.fused_cross_entropy:  # the framework's own loss
         kept = own
-    return kept * training.seq_length / plan.cp * plan.micro_batch_size * vocab / plan.tp
+    heads = 1 + model.mtp_layers
+    return heads * kept * training.seq_length / plan.cp * plan.micro_batch_size * vocab / plan.tp
 
 
 def _temporary_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
@@ -347,6 +361,8 @@ def _stage(
 ) -> MemoryBreakdown:
     (w_b, g_b, o_b), (we_b, ge_b, oe_b) = shared.state_per_param, shared.expert_state_per_param
     params, experts = parameters.stage_param_split(model, plan, stage)
+    mtp_dense, mtp_experts = mtp_param_split(model, plan, stage)  # multi-token prediction
+    params, experts = params + mtp_dense, experts + mtp_experts
     units = in_flight_microbatches(plan, stage, shared.microbatches) * plan.vpp
     # Interleaving: each in-flight unit is one chunk's micro-batch; with an uneven
     # split, count the stage's largest chunk for every unit (err high).
@@ -366,7 +382,9 @@ def _stage(
         logits = shared.logits
     # Runtime: CUDA context + NCCL + workspaces (constant) and the caching allocator's
     # reserve, a fraction of the memory churned every micro-batch (fitted on BLOOM).
-    temporary = shared.temporary
+    # PyTorch-native pipeline buffers, FSDP2 gathers, DTensor TP, ring (memory_fsdp2)
+    extra = memory_fsdp2.stage_extra_bytes(model, training, plan, stage, shared.microbatches)
+    temporary = shared.temporary + extra
     dynamic = activations + logits + temporary  # MemoryBreakdown.dynamic_bytes
     runtime = shared.runtime_constant + shared.allocator_fraction * dynamic
     margin = shared.margin_fraction * dynamic

@@ -38,7 +38,13 @@ import math
 from dataclasses import dataclass
 
 from pipette_cp.cost.context_parallel import per_rank_training
-from pipette_cp.cost.flops import ATTENTION_CORE, Gemm, fc1_factor, layer_gemms
+from pipette_cp.cost.flops import (
+    ATTENTION_CORE,
+    ATTENTION_PROJECTIONS,
+    Gemm,
+    fc1_factor,
+    layer_gemms,
+)
 from pipette_cp.cost.kernels import (
     FP8_CAST_BYTES,
     activation_bytes,
@@ -46,6 +52,11 @@ from pipette_cp.cost.kernels import (
     fp8_recipe,
     keeps_fp8_tensors,
     norm_bytes,
+)
+from pipette_cp.cost.latent_attention import (
+    attention_cast_elements,
+    latent_norm_elements,
+    rope_elements,
 )
 from pipette_cp.cost.moe import expert_tokens, local_experts, rank_tokens
 from pipette_cp.errors import SpecError, UnsupportedError
@@ -64,7 +75,7 @@ ROUTER_BYTES_PER_LOGIT = 12.0
 AUX_LOSS_BYTES_PER_LOGIT = 4.0
 Z_LOSS_BYTES_PER_LOGIT = 4.0
 #: The attention GEMMs a MoE layer shares with the dense layer (its MLP is replaced).
-ATTENTION_GEMMS = ("qkv", "proj")
+ATTENTION_GEMMS = ATTENTION_PROJECTIONS
 
 
 @dataclass(frozen=True)
@@ -105,9 +116,10 @@ def _elementwise_forward_bytes(
     # The activation (cost.kernels.activation_bytes): fused bias-GeLU reads and writes
     # T f/t, bias-SwiGLU reads 2 T f/t and writes T f/t; unfused kernels move more.
     total += activation_elements * activation_bytes(model, training)
-    if model.position_embedding == "rope":
-        q_kv = (model.num_attention_heads + model.kv_heads) * model.head_size
-        total += 4.0 * tokens * q_kv / t
+    if model.position_embedding == "rope":  # read + write 2 B (cost.latent_attention)
+        total += 4.0 * rope_elements(model, tokens, t)
+    # latent attention's two latent norms over the duplicated down-projections' rows
+    total += latent_norm_elements(model, tokens, plan) * norm_bytes(model, training, plan)
     return total
 
 
@@ -149,7 +161,9 @@ def layer_work(model: ModelSpec, training: TrainingSpec, plan: Plan, moe: bool) 
     s, b, t = training.seq_length, plan.micro_batch_size, plan.tp
     if not moe:
         gemms = tuple(
-            g for g in layer_gemms(model, s, b, t, plan.cp) if g.name not in ATTENTION_CORE
+            g
+            for g in layer_gemms(model, s, b, t, plan.cp, plan.sequence_parallel)
+            if g.name not in ATTENTION_CORE
         )
         activation = s * b // plan.cp * model.ffn_hidden_size / t
         return LayerWork(
@@ -196,17 +210,17 @@ def layer_fp8_cast_bytes(
         return fp8_cast_bytes(model, per_rank_training(training, plan), plan)
     tokens = training.seq_length * plan.micro_batch_size // plan.cp
     h, t, etp = model.hidden_size, plan.tp, plan.expert_tp
-    q, kv = model.num_attention_heads * model.head_size, model.kv_heads * model.head_size
     shared, width, n1 = model.shared_expert_width, model.expert_width, fc1_factor(model)
     copies = expert_tokens(model, training, plan)
     hidden = h / t if plan.sequence_parallel else float(h)
-    forward = tokens * (hidden + q / t) + copies * (h + width / etp)
-    backward = tokens * ((q + 2 * kv) / t + hidden) + copies * (n1 * width / etp + h)
+    attn_fwd, attn_bwd, attn_weights = attention_cast_elements(model, tokens, plan)
+    forward = attn_fwd + copies * (h + width / etp)
+    backward = attn_bwd + copies * (n1 * width / etp + h)
     if shared:
         forward += tokens * (hidden + shared / t)
         backward += tokens * (n1 * shared / t + hidden)
     if not keeps_fp8_tensors(training):
-        weights = (h * (q + 2 * kv) + q * h + (n1 + 1) * shared * h) / t
+        weights = attn_weights + (n1 + 1) * shared * h / t
         weights += local_experts(model, plan) * (n1 + 1) * width * h / etp
         forward, backward = forward + weights, backward + weights
     per_element = FP8_CAST_BYTES[fp8_recipe(training)]
@@ -216,7 +230,7 @@ def layer_fp8_cast_bytes(
 def attention_gemms(model: ModelSpec, training: TrainingSpec, plan: Plan) -> tuple[Gemm, ...]:
     """The QKV and output-projection GEMMs of a MoE layer (the dense layer's)."""
     s, b = training.seq_length, plan.micro_batch_size
-    gemms = layer_gemms(model, s, b, plan.tp, plan.cp)
+    gemms = layer_gemms(model, s, b, plan.tp, plan.cp, plan.sequence_parallel)
     return tuple(g for g in gemms if g.name in ATTENTION_GEMMS)
 
 

@@ -255,6 +255,11 @@ class ModelSpec(TransformerFields):
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
     @property
+    def v_head_size(self) -> int:
+        """Width of one value head (``v_head_dim`` with latent attention, else head_size)."""
+        return self.v_head_dim if self.v_head_dim is not None else self.head_size
+
+    @property
     def is_moe(self) -> bool:
         """Whether the model has mixture-of-experts layers."""
         return self.num_experts > 1
