@@ -47,6 +47,7 @@ def solve(
     jobs: int = 1,
     executor: str = "local",
     ray_address: str | None = None,
+    deterministic: bool = False,
 ) -> list[Plan]:
     """The fastest plans that fit in memory, best first.
 
@@ -73,6 +74,11 @@ def solve(
         Workers for the layouts' bounds, scores and solves: processes here
         (``"local"``) or Ray actors (``"ray"``, on the cluster at ``ray_address`` or a
         local one); see :mod:`pipette_cp.search.workers`.
+    deterministic
+        Budget by work, not wall time: ``time_limit_s`` is then reference seconds of
+        work (:mod:`pipette_cp.search.ordered`), and the same arguments give the same
+        plans on any machine, for any ``jobs``; not with the ``milp`` methods (a
+        :class:`~pipette_cp.errors.SpecError`).
 
     Examples
     --------
@@ -86,7 +92,12 @@ def solve(
     """
     options = _options(locals())
     return solve_with_stats(
-        instance, **options, jobs=jobs, executor=executor, ray_address=ray_address
+        instance,
+        **options,
+        jobs=jobs,
+        executor=executor,
+        ray_address=ray_address,
+        deterministic=deterministic,
     ).plans
 
 
@@ -105,13 +116,14 @@ def solve_with_stats(
     executor: str = "local",
     ray_address: str | None = None,
     on_best: Incumbent | None = None,
+    deterministic: bool = False,
 ) -> SearchResult:
     """:func:`solve`, also returning what the search did; ``on_best(plan, gap)`` is
-    called with every new incumbent."""
+    called with every new incumbent (in the candidates' order with ``deterministic``)."""
     options = _options(locals())
     name, inst = _resolve(instance)
     found = search(inst, **options, jobs=jobs, executor=executor, ray_address=ray_address,
-                   on_best=on_best)  # fmt: skip
+                   on_best=on_best, deterministic=deterministic)  # fmt: skip
     return _named(name, found)
 
 

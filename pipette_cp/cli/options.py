@@ -104,6 +104,21 @@ MilpSolverOption = Annotated[
 ]
 
 
+def check_deterministic(method: str, snapshots: bool) -> None:
+    """``--deterministic`` only where the search can be: one line naming the option else."""
+    if method in MILP_METHODS:
+        raise SpecError(
+            "--method",
+            method,
+            "cannot run with --deterministic: its MILP engines stop by "
+            "wall time only; use cpsat or split-cpsat",
+        )
+    if snapshots:
+        raise SpecError(
+            "--deterministic", True, "the robust search (--snapshots) is budgeted by wall time"
+        )
+
+
 def milp_solver_of(value: str | None, method: str) -> str:
     """The engine ``--milp-solver`` names (default :data:`DEFAULT_ENGINE`): a one-line
     SpecError for an unknown one, one PuLP cannot start, or a method without MILP."""

@@ -19,6 +19,7 @@ from pipette_cp.cli.options import (
     RayAddressOption,
     Replacements,
     assumptions,
+    check_deterministic,
     instance_options,
     milp_solver_of,
     resolve_instance,
@@ -135,6 +136,15 @@ def solve(
             "--objective", help="time (default) or throughput-per-gpu (GPU-seconds per step)."
         ),
     ] = None,
+    deterministic: Annotated[
+        bool,
+        typer.Option(
+            "--deterministic",
+            help="Budget by work, not wall time: --time-limit is reference seconds of work "
+            "(about 1 s each on a 2-core machine); same plans on any machine, for any --jobs "
+            "(cpsat, split-cpsat and the heuristics).",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plans as JSON.")] = False,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Write the best plan (JSON).")
@@ -151,6 +161,8 @@ def solve(
         raise SpecError("--quantile", quantile, "applies to --snapshots only; give them too")
     if quantile is not None:
         check_quantile(quantile, "--quantile")
+    if deterministic:
+        check_deterministic(method, bool(snapshots))
     engine = milp_solver_of(milp_solver, method)
     workers = check_workers(jobs, executor, ray_address, bool(snapshots))
     check_output(out)  # before any work: a bad path must not cost the whole search
@@ -172,7 +184,8 @@ def solve(
     )  # fmt: skip
     check_selection(inst, space)
     limit = time_limit if time_limit is not None else default_time_limit_s(inst)
-    budget = search_budget(limit, STARTED_AT)
+    # a work budget owes nothing to the clock: the start-up is not taken off it
+    budget = limit if deterministic else search_budget(limit, STARTED_AT)
     if snapshots:  # plans robust over bandwidth snapshots (pipette_cp/cli/robust.py)
         return solve_robust(
             inst, snapshots, 1.0 if quantile is None else quantile, method=method, top=top,
@@ -184,11 +197,15 @@ def solve(
             result = solve_with_stats(
                 inst, method=method, top_k=top, time_limit_s=budget, seed=seed, space=space,
                 progress=progress, milp_solver=engine, on_best=on_best, **workers,
+                deterministic=deterministic,
             )  # fmt: skip
         except KeyboardInterrupt:
             err_console.print("interrupted before any plan was found", highlight=False)
             raise typer.Exit(130) from None
     plans = [p.model_copy(update={"instance": instance}) for p in result.plans]
+    for note in result.stats.notes if deterministic else []:  # what the work budget took
+        if note.startswith("deterministic:"):
+            err_console.print(note, style="dim", highlight=False)
     if out is not None:
         write_plan(plans[0], out, inst if replace.any() else None, cluster, profile)
     if as_json:

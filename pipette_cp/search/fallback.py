@@ -16,7 +16,7 @@ from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.errors import PipetteError
 from pipette_cp.search.rerank import RERANKED
 from pipette_cp.search.sweep import Candidate
-from pipette_cp.solvers import SolveOptions, get_method
+from pipette_cp.solvers import SolveOptions, get_method, work
 from pipette_cp.solvers.extensions import family_violations
 from pipette_cp.specs import Instance, Plan, SolveInfo
 
@@ -35,7 +35,8 @@ def fallback(
     """A plan whenever a heuristic finds one: the best scored skeletons (even split,
     Megatron's placement) that fit, pass the checker and the user families; if none
     does, the greedy method on the most promising skeletons (each at most 1 s, within
-    ``until`` but at least one try).  Marked ``heuristic``."""
+    ``until`` but at least one try; with ``options.deterministic`` each within a
+    reference second of work, whatever the clock).  Marked ``heuristic``."""
     instance = evaluator.instance
     found: list[Plan] = []
     for cand in candidates:
@@ -48,10 +49,11 @@ def fallback(
             )
     greedy = get_method("greedy")
     for k, cand in enumerate(candidates[:FALLBACK_TRIES] if not found else []):
-        left = until - time.perf_counter()
+        left = math.inf if options.deterministic else until - time.perf_counter()
         if k and left <= 0:
             break
-        with contextlib.suppress(PipetteError):
+        # deterministic: each try metered, within the reference second it is given
+        with contextlib.suppress(PipetteError), work.deterministic(options.deterministic, 1.0):
             limit = min(1.0, max(left, 0.2))
             plan = greedy(instance, cand.plan, replace(options, time_limit_s=limit))
             if usable(instance, plan, options):

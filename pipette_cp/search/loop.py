@@ -22,14 +22,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pipette_cp.cost.evaluate import Evaluator
-from pipette_cp.errors import InfeasibleError, SolverTimeoutError
+from pipette_cp.errors import InfeasibleError, SolverTimeoutError, SpecError
 from pipette_cp.search.capacity import capacity_error, knob_hints
 from pipette_cp.search.fallback import fallback
-from pipette_cp.search.phases import in_order, solve_all, sweep_all
+from pipette_cp.search.ordered import (
+    BOUND_S,
+    SCORE_S,
+    Spent,
+    bound_count,
+    solve_ordered,
+    sweep_ordered,
+)
+from pipette_cp.search.phases import in_order, score_all, solve_all, sweep_all
 from pipette_cp.search.rerank import plan_time, rerank
 from pipette_cp.search.runners import make_runner
 from pipette_cp.search.selection import (
-    Weight,
     all_gpus_reference,
     lift,
     objective_weight,
@@ -37,9 +44,9 @@ from pipette_cp.search.selection import (
     restrict,
 )
 from pipette_cp.search.space import check_degrees, enumerate_layouts, gpu_counts
-from pipette_cp.search.sweep import SWEPT_METHODS, Candidate
-from pipette_cp.search.workers import Runner, bound_layouts, check_jobs, score_skeletons
-from pipette_cp.solvers import SolveOptions
+from pipette_cp.search.sweep import SWEPT_METHODS
+from pipette_cp.search.workers import Runner, bound_layouts, check_jobs
+from pipette_cp.solvers import SolveOptions, work
 from pipette_cp.solvers.extensions import ConstraintFamily
 from pipette_cp.solvers.milp_engine import DEFAULT_ENGINE, require_engine
 from pipette_cp.solvers.registry import MILP_METHODS
@@ -52,16 +59,23 @@ Progress = Callable[[str, int, int], None]
 Incumbent = Callable[[Plan, float | None], None]
 
 
+#: Methods that cannot run deterministically, and why.
+NOT_DETERMINISTIC = {
+    m: "not deterministic: its MILP engines stop by wall time only; use cpsat or split-cpsat"
+    for m in MILP_METHODS
+}
+
 #: Share of the budget the solves may use; the rest covers re-ranking and reporting.
 SOLVE_SHARE = 0.85
 #: Share of the budget after which scoring skeletons stops (once one fits, or once
 #: MIN_SCORED default placements have crossed a failed link).
 SCORE_SHARE = 0.4
-MIN_SCORED = 32
 #: Share of the budget for the greedy sweep before the exact solves (cpsat, milp).
 SWEEP_SHARE = 0.2
 #: Share of the budget after which bounding the layouts stops (the rest are not tried).
 BOUND_SHARE = 0.3
+#: Work the all-GPU reference plans may meter in a deterministic search, reference s.
+REFERENCE_WORK_S = 8.0
 
 
 def default_time_limit_s(instance: Instance) -> float:
@@ -136,6 +150,7 @@ def search(
     on_best: Incumbent | None = None,
     executor: str = "local",
     ray_address: str | None = None,
+    deterministic: bool = False,
 ) -> SearchResult:
     """The ``top_k`` fastest plans that fit, best first (see the module docstring).
 
@@ -149,6 +164,10 @@ def search(
 
     ``constraints``: user constraint families (:mod:`pipette_cp.solvers.extensions`);
     the exact methods add them to their models, and plans that violate one are dropped.
+    ``deterministic``: ``time_limit_s`` is a budget of work, reference seconds of
+    :mod:`pipette_cp.solvers.work`, spent as :mod:`~pipette_cp.search.ordered` says: the
+    same plans for the same instance, seed, budget and method on any machine and for
+    any ``jobs`` (not with the MILP methods: their engines stop by wall time only).
     ``milp_solver``: the engine of the ``milp`` methods' masters
     (:class:`~pipette_cp.solvers.SolveOptions`); one PuLP cannot start is a SpecError here.
 
@@ -161,7 +180,10 @@ def search(
     """
     start = time.perf_counter()
     check_jobs(jobs)
-    options = SolveOptions(seed=seed, constraints=tuple(constraints), milp_solver=milp_solver)
+    if deterministic and method in NOT_DETERMINISTIC:
+        raise SpecError("method", method, NOT_DETERMINISTIC[method] + " with deterministic=True")
+    options = SolveOptions(seed=seed, constraints=tuple(constraints), milp_solver=milp_solver,
+                           deterministic=deterministic)  # fmt: skip
     if method in MILP_METHODS:  # before any work: every solve would fail
         require_engine(milp_solver)
     space = space or instance.search_space
@@ -172,7 +194,7 @@ def search(
         found = search(sub, method=method, top_k=top_k, time_limit_s=time_limit_s, seed=seed,
                        max_solves=max_solves, progress=progress, constraints=constraints,
                        milp_solver=milp_solver, jobs=jobs, on_best=on_best, executor=executor,
-                       ray_address=ray_address)  # fmt: skip
+                       ray_address=ray_address, deterministic=deterministic)  # fmt: skip
         return SearchResult([lift(p, kept) for p in found.plans], found.stats)
     check_degrees(instance, space)  # a space with no (dp, pp, tp) is bad input, not "nothing fits"
     too_big = capacity_error(instance, space)
@@ -196,12 +218,18 @@ def search(
     runner = make_runner(instance, method, layouts, jobs, executor, ray_address)
     # the workers' start-up (a Ray cluster, its actors) comes off the budget first
     ready = time.perf_counter()
-    time_limit_s = max(time_limit_s - (ready - start), 0.0)
+    if not deterministic:  # a work budget owes nothing to the clock
+        time_limit_s = max(time_limit_s - (ready - start), 0.0)
     interrupted = False
     try:
         result = _run(instance, space, method, top_k, time_limit_s, options, max_solves, notify,
                       runner, layouts, ready, on_best)  # fmt: skip
         result.stats.wall_time_s = time.perf_counter() - start
+        if deterministic:
+            result.stats.notes.append(
+                f"deterministic: {time_limit_s:g} reference s of work took "
+                f"{result.stats.wall_time_s:.1f} s here"
+            )
         return result
     except KeyboardInterrupt:
         interrupted = True
@@ -220,16 +248,20 @@ def _run(
     weight = objective_weight(space)
     evaluator = Evaluator(instance, validate=False)
     survivors: list[tuple[float, int]] = []  # (bound, index into layouts)
-    bound_until = start + BOUND_SHARE * time_limit_s
+    det = Spent() if options.deterministic else None  # the work clock (reference s)
+    clock = det.now if det else time.perf_counter
+    t0 = 0.0 if det else start  # the budget's origin on its clock
+    bound_until = t0 + BOUND_SHARE * time_limit_s
     handed = 0
 
     def bounding() -> bool:  # the first chunk always; then while the share lasts
         nonlocal handed
         handed += 1
-        return handed == 1 or time.perf_counter() <= bound_until
+        return handed == 1 or det is not None or time.perf_counter() <= bound_until
 
     done = 0
-    for i, result in in_order(runner, bound_layouts, range(len(layouts)), bounding):
+    count = bound_count(time_limit_s, BOUND_SHARE) if det else len(layouts)
+    for i, result in in_order(runner, bound_layouts, range(min(count, len(layouts))), bounding):
         notify("bounds", i + 1, len(layouts))
         done = i + 1
         plan = layouts[i]
@@ -245,6 +277,8 @@ def _run(
             bound = result.bound_s
             stats.bound_by_gpus[total] = min(bound, stats.bound_by_gpus.get(total, math.inf))
             survivors.append((bound * weight(plan), i))
+    if det:
+        det.spend(done * BOUND_S)
     if done < len(layouts):
         stats.skipped_budget += len(layouts) - done
         stats.notes.append(f"bounding stopped by the budget after {done} of {len(layouts)} layouts")
@@ -266,22 +300,34 @@ def _run(
             low = stats.lower_bound
             on_best(plan, None if low is None else max(cost - low, 0.0) / cost)
 
-    score_until = start + SCORE_SHARE * time_limit_s
-    candidates = _score(runner, layouts, survivors, stats, notify, score_until, weight)
+    score_until = t0 + SCORE_SHARE * time_limit_s
+    candidates = score_all(runner, layouts, survivors, stats, notify, score_until, weight,
+                           clock, SCORE_S if det else 0.0)  # fmt: skip
+    if det:
+        det.spend(stats.scored * SCORE_S)
     pool: list[Plan] = []
     solved: list[Plan] = []
     try:
         if method in SWEPT_METHODS:
             notify("sweep", 0, len(candidates))
-            until = time.perf_counter() + SWEEP_SHARE * time_limit_s
-            pool, candidates = sweep_all(runner, layouts, candidates, options, until, weight)
+            until = clock() + SWEEP_SHARE * time_limit_s
+            if det:
+                pool, candidates = sweep_ordered(runner, layouts, candidates, options, until,
+                                                 weight, det)  # fmt: skip
+            else:
+                pool, candidates = sweep_all(runner, layouts, candidates, options, until, weight)
             stats.notes.append(f"greedy sweep: {len(pool)} plans")
             if pool:
                 improved(min(pool, key=lambda p: plan_time(p) * weight(p)))
         incumbent = min((plan_time(p) * weight(p) for p in pool), default=math.inf)
-        solve_all(instance, evaluator, runner, candidates, stats, notify, start,
-                  SOLVE_SHARE * time_limit_s, options, max_solves, weight, incumbent,
-                  solved=solved, improved=improved)  # fmt: skip
+        if det:
+            solve_ordered(instance, evaluator, runner, candidates, stats, notify,
+                          SOLVE_SHARE * time_limit_s - det.now(), options, max_solves, weight,
+                          incumbent, solved=solved, improved=improved)  # fmt: skip
+        else:
+            solve_all(instance, evaluator, runner, candidates, stats, notify, start,
+                      SOLVE_SHARE * time_limit_s, options, max_solves, weight, incumbent,
+                      solved=solved, improved=improved)  # fmt: skip
     except KeyboardInterrupt:
         if not pool and not solved:
             raise
@@ -295,7 +341,7 @@ def _run(
         stats.wall_time_s = time.perf_counter() - start
         return SearchResult(ranked, stats)
     plans = pool + solved
-    end = start + time_limit_s
+    end = math.inf if det else t0 + time_limit_s  # the heuristics after: bounded work
     if not plans:  # every solve failed or ran out of time: the scored skeletons remain
         plans = fallback(evaluator, candidates, options, method, top_k, end)
         stats.notes.append(f"{method} returned no plan in time: Megatron's defaults returned")
@@ -314,63 +360,16 @@ def _run(
             + ", ".join(knob_hints(space))
             + ", or try another --method or a longer --time-limit"
         )
-    plans += all_gpus_reference(
-        instance, evaluator, plans, candidates, options, stats.best_by_gpus, end
-    )
+    with work.deterministic(det is not None, REFERENCE_WORK_S):  # greedy's repairs metered
+        plans += all_gpus_reference(
+            instance, evaluator, plans, candidates, options, stats.best_by_gpus, end
+        )
     for plan in plans:
         total, seconds = plan.num_gpus, plan_time(plan)
         stats.best_by_gpus[total] = min(seconds, stats.best_by_gpus.get(total, math.inf))
     ranked = rerank(evaluator, plans, top_k, notify, until=end, weight=weight)
     stats.wall_time_s = time.perf_counter() - start
     return SearchResult(ranked, stats)
-
-
-def _score(
-    runner: Runner,
-    layouts: list[Plan],
-    survivors: list[tuple[float, int]],
-    stats: SearchStats,
-    notify: Progress,
-    until: float,
-    weight: Weight,
-) -> list[Candidate]:
-    """Score skeletons in bound order until the bound passes the best fitting score
-    (or the scoring share of the budget is spent: the rest are left unscored).
-
-    Skeletons are ordered by the time of their even split (whether or not it fits:
-    the memory bound says some split does) on Megatron's placement; when that crosses
-    a failed link, on the cluster with failed links repaired (at the slowest working
-    bandwidth).  Estimates order the solves only; pruning uses fitting scores.  Scores
-    and bounds are in the objective's units (``weight`` x s)."""
-    best = math.inf
-    scored: list[Candidate] = []
-    stop = False
-    results = in_order(runner, score_skeletons, [k for _, k in survivors], lambda: not stop)
-    for i, result in results:
-        bound, plan = survivors[i][0], layouts[survivors[i][1]]
-        notify("score", i + 1, len(survivors))
-        if bound >= best:
-            stats.pruned_bound += len(survivors) - i
-            break
-        crossed = stats.crossed_failed_links >= MIN_SCORED  # no default may ever fit
-        if time.perf_counter() > until and (math.isfinite(best) or crossed):
-            stats.skipped_budget += len(survivors) - i
-            stats.notes.append(f"scoring stopped by the budget after {i} skeletons")
-            break
-        stats.crossed_failed_links += result.crossed
-        unfit = not result.crossed and result.score_s == math.inf  # as it stands
-        if unfit and result.deficit_bytes < stats.smallest_deficit_bytes:
-            stats.smallest_deficit_bytes = result.deficit_bytes
-            stats.deficit_layout = plan.layout()
-        stats.scored += 1
-        if math.isfinite(result.score_s):  # a real plan: even split on Megatron's order
-            known = stats.best_by_gpus.get(plan.num_gpus, math.inf)
-            stats.best_by_gpus[plan.num_gpus] = min(result.score_s, known)
-        best = min(best, result.score_s * weight(plan))
-        scored.append(Candidate(result.estimate_s * weight(plan), bound, plan))
-    stop = True
-    results.close()
-    return sorted(scored)
 
 
 def _nothing_fits(instance: Instance, space: SearchSpace, stats: SearchStats) -> str:

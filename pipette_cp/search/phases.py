@@ -38,6 +38,9 @@ from pipette_cp.solvers import SolveOptions
 from pipette_cp.solvers.extensions import family_violations
 from pipette_cp.specs import Instance, Plan
 
+#: Scoring stops at its share of the budget once one skeleton fits, or once this many
+#: default placements have crossed a failed link.
+MIN_SCORED = 32
 #: Layouts per chunk handed to a worker in the bounding and scoring phases.
 CHUNK = 32
 #: Least time a solve is started with, per GPU of the cluster (its fixed costs: 4,096
@@ -74,6 +77,58 @@ def in_order(
     finally:
         for _, future in queue:
             future.cancel()
+
+
+def score_all(
+    runner: Runner,
+    layouts: list[Plan],
+    survivors: list[tuple[float, int]],
+    stats: Any,
+    notify: Progress,
+    until: float,
+    weight: Callable[[Plan], float],
+    clock: Callable[[], float] = time.perf_counter,
+    charge: float = 0.0,
+) -> list[Candidate]:
+    """Score skeletons in bound order until the bound passes the best fitting score
+    (or the scoring share of the budget is spent: the rest are left unscored).
+
+    Skeletons are ordered by the time of their even split (whether or not it fits:
+    the memory bound says some split does) on Megatron's placement; when that crosses
+    a failed link, on the cluster with failed links repaired (at the slowest working
+    bandwidth).  Estimates order the solves only; pruning uses fitting scores.  Scores
+    and bounds are in the objective's units (``weight`` x s).  ``clock``: the time
+    (or work, with ``charge`` reference s per skeleton scored: the work clock of the
+    deterministic search, :mod:`~pipette_cp.search.ordered`)."""
+    best = math.inf
+    scored: list[Candidate] = []
+    stop = False
+    results = in_order(runner, score_skeletons, [k for _, k in survivors], lambda: not stop)
+    for i, result in results:
+        bound, plan = survivors[i][0], layouts[survivors[i][1]]
+        notify("score", i + 1, len(survivors))
+        if bound >= best:
+            stats.pruned_bound += len(survivors) - i
+            break
+        crossed = stats.crossed_failed_links >= MIN_SCORED  # no default may ever fit
+        if clock() + i * charge > until and (math.isfinite(best) or crossed):
+            stats.skipped_budget += len(survivors) - i
+            stats.notes.append(f"scoring stopped by the budget after {i} skeletons")
+            break
+        stats.crossed_failed_links += result.crossed
+        unfit = not result.crossed and result.score_s == math.inf  # as it stands
+        if unfit and result.deficit_bytes < stats.smallest_deficit_bytes:
+            stats.smallest_deficit_bytes = result.deficit_bytes
+            stats.deficit_layout = plan.layout()
+        stats.scored += 1
+        if math.isfinite(result.score_s):  # a real plan: even split on Megatron's order
+            known = stats.best_by_gpus.get(plan.num_gpus, math.inf)
+            stats.best_by_gpus[plan.num_gpus] = min(result.score_s, known)
+        best = min(best, result.score_s * weight(plan))
+        scored.append(Candidate(result.estimate_s * weight(plan), bound, plan))
+    stop = True
+    results.close()
+    return sorted(scored)
 
 
 def sweep_all(
@@ -213,4 +268,12 @@ def _retry(runner: Runner, pending: dict, retried: set[int], suspects: deque, st
     suspects.append(lost[0])
 
 
-__all__ = ["Bounded", "Scored", "bound_layouts", "in_order", "score_skeletons", "solve_all"]
+__all__ = [
+    "Bounded",
+    "Scored",
+    "bound_layouts",
+    "in_order",
+    "score_all",
+    "score_skeletons",
+    "solve_all",
+]

@@ -33,11 +33,18 @@ from pipette_cp.cost.evaluate import Evaluator, validate_layout
 from pipette_cp.errors import InfeasibleError, LayoutError, PipetteError, SpecError
 from pipette_cp.search.bounds import memory_check, time_lower_bound
 from pipette_cp.search.sweep import greedy_plan
-from pipette_cp.solvers import SolveOptions, get_method
+from pipette_cp.solvers import SolveOptions, get_method, work
 from pipette_cp.specs import Instance, Plan
 
 #: A solve that runs this much past its own time limit (s, plus the limit) is taken for hung.
 HANG_GRACE_S = 30.0
+#: Work a greedy plan of the sweep is charged beside its local search (ticks of
+#: :mod:`pipette_cp.solvers.work`: measured 5 ms + 0.25 ms per GPU on the reference
+#: machine), and the most it may spend (reference s: the sweep's 1 s limit).
+GREEDY_TICKS, GREEDY_TICKS_PER_GPU, GREEDY_CAP_S = 5_000, 250, 1.0
+#: Work a solve is charged beside what its solvers meter: its fixed costs (tables and
+#: models), per GPU of the cluster (ticks; the wall-clock search's 1 ms least solve).
+SOLVE_TICKS_PER_GPU = 1_000
 
 
 def default_jobs() -> int:
@@ -159,6 +166,50 @@ def sweep_layouts(indices: Sequence[int], options: SolveOptions) -> list[Plan | 
 def solve_skeleton(skeleton: Plan, options: SolveOptions) -> Plan:
     """The method's plan of ``skeleton`` (a PipetteError propagates to the caller)."""
     return _state()["method"](_STATE["instance"], skeleton, options)
+
+
+@dataclass(frozen=True)
+class Metered:
+    """A deterministic piece of work's result: the plan (None: the method found none,
+    ``failed``: it raised a PipetteError) and the reference seconds it spent."""
+
+    plan: Plan | None
+    spent_s: float
+    failed: bool = False
+
+
+def _stamped(plan: Plan | None, spent_s: float) -> Plan | None:
+    """``plan`` reporting its work (reference s) as its solver time: the same every run."""
+    if plan is None or plan.solve_info is None:
+        return plan
+    info = plan.solve_info.model_copy(update={"wall_time_s": spent_s})
+    return plan.model_copy(update={"solve_info": info})
+
+
+def sweep_metered(indices: Sequence[int], options: SolveOptions) -> list[Metered]:
+    """:func:`sweep_layouts` under the work meter, one meter per layout."""
+    gpus = _state()["instance"].cluster.num_gpus
+    out = []
+    for i in indices:
+        with work.metered(GREEDY_CAP_S) as meter:
+            work.spend(GREEDY_TICKS + GREEDY_TICKS_PER_GPU * gpus)
+            (plan,) = sweep_layouts([i], options)
+        spent = meter.ticks / work.TICKS_PER_S
+        out.append(Metered(_stamped(plan, spent), spent))
+    return out
+
+
+def solve_metered(skeleton: Plan, options: SolveOptions) -> Metered:
+    """:func:`solve_skeleton` under the work meter, capped at ``options.work_s``."""
+    with work.metered(options.work_s) as meter:
+        work.spend(SOLVE_TICKS_PER_GPU * _state()["instance"].cluster.num_gpus)
+        try:
+            plan: Plan | None = solve_skeleton(skeleton, options)
+            failed = False
+        except PipetteError:  # infeasible, a layout the method cannot express, no plan
+            plan, failed = None, True
+    spent = meter.ticks / work.TICKS_PER_S
+    return Metered(_stamped(plan, spent), spent, failed)
 
 
 class Runner(Protocol):

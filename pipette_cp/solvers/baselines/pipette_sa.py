@@ -65,6 +65,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipette_cp.errors import LayoutError
+from pipette_cp.solvers import work
 from pipette_cp.solvers.baselines.common import finish_plan
 from pipette_cp.solvers.options import SolveOptions
 from pipette_cp.specs import Instance, Plan
@@ -329,10 +330,11 @@ def anneal(
 ) -> AnnealResult:
     """Pipette's simulated annealing over node permutations (``MetaHeuristics.annealing``).
 
-    Stops when ``time_limit_s`` has elapsed (checked every iteration, as Pipette)
+    Stops when ``time_limit_s`` has elapsed (checked every iteration, as Pipette;
+    under the work meter of :mod:`pipette_cp.solvers.work`, reference seconds of moves)
     or after ``max_iterations`` (for reproducible tests), whichever comes first.
     """
-    started = time.perf_counter()
+    started = work.now()
     rng = random.Random(seed)
     n = inputs.num_nodes
     solution = rng.sample(range(n), n)
@@ -340,21 +342,20 @@ def anneal(
     start_state, start_cost = tuple(solution), cost
     best, best_cost = tuple(solution), cost
     temp, iterations = initial_temp, 0
-    while n >= 2 and time.perf_counter() - started < time_limit_s:
+    while n >= 2 and work.now() - started < time_limit_s and not work.exhausted():
         if max_iterations is not None and iterations >= max_iterations:
             break
         neighbor = list(solution)
         MOVES[rng.randrange(len(MOVES))](neighbor, rng)
         neighbor_cost = pipette_objective(neighbor, inputs).total_s
+        work.spend(work.ANNEAL_TICKS_PER_NODE * n)
         if _accept((neighbor_cost - cost) * _MS, temp, rng):
             solution, cost = neighbor, neighbor_cost
         temp *= alpha
         if cost < best_cost:
             best, best_cost = tuple(solution), cost
         iterations += 1
-    return AnnealResult(
-        best, best_cost, start_state, start_cost, iterations, time.perf_counter() - started
-    )
+    return AnnealResult(best, best_cost, start_state, start_cost, iterations, work.now() - started)
 
 
 def state_to_placement(
@@ -391,7 +392,8 @@ def pipette_sa(instance: Instance, skeleton: Plan, options: SolveOptions) -> Pla
     """
     started = time.perf_counter()
     inputs = pipette_inputs(instance, skeleton)
-    result = anneal(inputs, seed=options.seed, time_limit_s=options.time_limit_s)
+    with work.deterministic(options.deterministic and not work.active()):
+        result = anneal(inputs, seed=options.seed, time_limit_s=options.time_limit_s)
     g = instance.cluster.gpus_per_node
     return finish_plan(
         skeleton,

@@ -17,7 +17,9 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
+from pipette_cp.solvers import work
 from pipette_cp.solvers.placement.backend import CUT_GRID, MasterResult, Terms
+from pipette_cp.solvers.work import limit
 
 #: One integer time unit of the CP-SAT model, s.
 TIME_QUANTUM_S = 1e-9
@@ -118,18 +120,17 @@ class CpSatBackend:
     def solve(self, time_limit_s: float, workers: int, seed: int) -> MasterResult:
         solver = cp_model.CpSolver()
         solver.parameters.catch_sigint_signal = False  # Ctrl-C stops the search, not one solve
-        solver.parameters.max_time_in_seconds = max(time_limit_s, 0.01)
-        solver.parameters.num_workers = max(workers, 1)
-        solver.parameters.random_seed = seed
+        limit(solver, max(time_limit_s, 0.01), max(workers, 1), seed)
         recorder = _Recorder(self.watched)
         status = _STATUS.get(solver.solve(self.model, recorder), "unknown")
+        work.spend_cpsat(solver.deterministic_time)
         self.solver = solver
         found = status in ("optimal", "feasible")
         return MasterResult(
             status=status,
             objective_s=solver.objective_value * TIME_QUANTUM_S if found else None,
             bound_s=solver.best_objective_bound * TIME_QUANTUM_S if found else None,
-            wall_time_s=solver.wall_time,
+            wall_time_s=solver.deterministic_time if work.active() else solver.wall_time,
             solutions=tuple(recorder.values),
         )
 

@@ -12,13 +12,13 @@ warm-started with the best placement so far (never worse than its hint).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from pipette_cp.errors import InfeasibleError, SolverTimeoutError
+from pipette_cp.solvers import work
 from pipette_cp.solvers.cuts import supporting_cut
 from pipette_cp.solvers.placement.backend import CUT_GRID, Backend
 from pipette_cp.solvers.placement.data import PlacementData
@@ -50,6 +50,7 @@ class CutPool:
 
     def add_at(self, x: np.ndarray) -> tuple[float, np.ndarray]:
         """Add (and return) the snapped supporting cut of ``f`` at ``x``."""
+        work.spend(work.POOL_CUT_TICKS)
         cut = supporting_cut(self.data.total_time_s, x, rng=self.rng)
         intercept, g = cut.intercept, cut.gradient.copy()
         if self._worst is None:  # inputs no placement exceeds
@@ -184,11 +185,8 @@ def two_level_floor_x(data: PlacementData) -> np.ndarray:
     dp = plan.replicas
     if dp < 2 or not d.multi:
         return x
-    bw, g = cluster.bandwidth_bytes_per_s, cluster.gpus_per_node
-    node = np.arange(cluster.num_gpus) // g
-    same = node[:, None] == node[None, :]
-    b_intra = float(bw[same].max(initial=0.0))
-    b_inter = float(bw[~same].max(initial=0.0)) or b_intra
+    g = cluster.gpus_per_node
+    b_intra, b_inter = cluster.fastest_links_bytes_per_s()
     lat_in, lat_out = cluster.intra_node_latency_s, cluster.inter_node_latency_s
     c = d.sync_factor / (dp - 1)  # the ring factor of the stage's collective
     per_node = min(dp, g // plan.tp)
@@ -290,7 +288,7 @@ def kelley(
     master is infeasible and no start is given, :class:`SolverTimeoutError`
     when the time runs out before any placement is known.
     """
-    started = time.perf_counter()
+    started = work.now()
     best = None if start is None else np.asarray(start)
     ub = np.inf if best is None else data.value(best)
     if best is not None and np.isfinite(ub):
@@ -304,12 +302,13 @@ def kelley(
         model.add_cut(a, g, f"cut_{k}")
     lb, status, rounds = bound_s, "unknown", 0
     while True:
-        left = deadline - time.perf_counter()
-        if left <= 0.05:
+        left = deadline - work.now()
+        if left <= 0.05 or work.exhausted():
             break
         if best is not None and np.isfinite(ub):
             model.set_hint(model.canonical(best) if symmetry else best)
         res = model.b.solve(left, workers, seed)
+        work.spend(work.ROUND_TICKS)  # the round's own work: cuts, hints, values
         rounds += 1
         if res.status in ("infeasible", "invalid"):
             if best is None:
@@ -342,4 +341,4 @@ def kelley(
         raise SolverTimeoutError("the placement master found no placement within the time limit")
     if status == "unknown":
         status = "optimal" if ub - lb <= OPTIMALITY_GAP * ub else "feasible"
-    return KelleyResult(best, ub, min(lb, ub), status, rounds, time.perf_counter() - started)
+    return KelleyResult(best, ub, min(lb, ub), status, rounds, work.now() - started)

@@ -15,12 +15,12 @@ The bound reported for such solves is the analytic one
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import numpy as np
 
 from pipette_cp.errors import PipetteError
+from pipette_cp.solvers import work
 from pipette_cp.solvers.placement.backend import Backend
 from pipette_cp.solvers.placement.data import PlacementData
 from pipette_cp.solvers.placement.kelley import OPTIMALITY_GAP, CutPool, kelley
@@ -46,7 +46,7 @@ def lns(
     rng = np.random.default_rng(seed)
     best, value = np.asarray(assign), data.value(assign)
     steps = 0
-    while deadline - time.perf_counter() > 0.5 and np.isfinite(value):
+    while deadline - work.now() > 0.5 and np.isfinite(value) and not work.exhausted():
         if value - bound_s <= OPTIMALITY_GAP * value:
             break
         critical = rng.permutation(np.unique(best[critical_units(data, best)]))
@@ -66,8 +66,8 @@ def lns(
                 domains.append(ok)
             else:
                 domains.append(np.array([best[u]]))
-        left = deadline - time.perf_counter()
-        sub = time.perf_counter() + min(left, max(1.0, 0.15 * left))
+        left = deadline - work.now()
+        sub = work.now() + min(left, max(1.0, 0.15 * left))
         try:
             res = kelley(data, make_backend, domains=domains, start=best, pool=pool,
                          deadline=sub, workers=workers, seed=seed + steps, symmetry=False)  # fmt: skip

@@ -11,10 +11,9 @@ its neighbourhoods with :func:`critical_units`.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
+from pipette_cp.solvers import work
 from pipette_cp.solvers.placement.data import RING_FAMILIES, PlacementData
 
 
@@ -62,6 +61,7 @@ def critical_units(data: PlacementData, assign: np.ndarray) -> np.ndarray:
 
 
 def _score(data: PlacementData, assign: np.ndarray) -> tuple[int, float]:
+    work.spend(work.TRIAL_TICKS + work.TRIAL_TICKS_PER_UNIT * data.num_units)
     bad = len(failed_flows(data, assign))
     return (bad, float("inf")) if bad else (0, data.value(assign))
 
@@ -74,14 +74,15 @@ def local_search(
     repair_only: bool = False,
 ) -> tuple[np.ndarray, float]:
     """Best-improvement moves of critical units (swap with any unit, or move to a
-    free slot) until none improves, the deadline passes, or (``repair_only``) no
-    flow uses a failed link any more.  Returns the assignment and its value (inf
+    free slot) until none improves, the deadline passes (:func:`pipette_cp.solvers.work.now`:
+    under the work meter, a trial's work; and at the meter's cap), or (``repair_only``)
+    no flow uses a failed link any more.  Returns the assignment and its value (inf
     if it still uses a failed link)."""
     assign = np.array(assign, dtype=np.int64)
     score = _score(data, assign)
     used = np.bincount(assign, minlength=data.num_places)
     stages = np.arange(data.num_units) // data.plan.replicas
-    while time.perf_counter() < deadline:
+    while work.now() < deadline and not work.exhausted():
         if repair_only and score[0] == 0:
             break
         improved = False
@@ -101,12 +102,12 @@ def local_search(
                     s = _score(data, trial)
                     if s < best_score:
                         best_move, best_score = trial, s
-                if time.perf_counter() > deadline:
+                if work.now() > deadline or work.exhausted():
                     break
             if best_move is not None and best_score < score:
                 assign, score, improved = best_move, best_score, True
                 used = np.bincount(assign, minlength=data.num_places)
-            if time.perf_counter() > deadline:
+            if work.now() > deadline or work.exhausted():
                 break
         if not improved:
             break

@@ -60,7 +60,6 @@ no placement at all raises :class:`~pipette_cp.errors.InfeasibleError`
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
@@ -72,9 +71,11 @@ from pipette_cp.checker.checks import check_plan
 from pipette_cp.cost import comm
 from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.errors import InfeasibleError, PipetteError, SolverTimeoutError
+from pipette_cp.solvers import work
 from pipette_cp.solvers.extensions import family_violations
-from pipette_cp.solvers.options import SolveOptions
+from pipette_cp.solvers.options import PLACEMENT_WORK_SHARE, SolveOptions
 from pipette_cp.solvers.placement.backend import Backend
+from pipette_cp.solvers.placement.budgeted import regroup_within
 from pipette_cp.solvers.placement.build import build_placement_data, node_uniform
 from pipette_cp.solvers.placement.cpsat import CpSatBackend
 from pipette_cp.solvers.placement.data import PlacementData
@@ -90,7 +91,6 @@ from pipette_cp.solvers.placement.kelley import (
 from pipette_cp.solvers.placement.lns import lns
 from pipette_cp.solvers.placement.local_search import failed_flows, local_search
 from pipette_cp.solvers.placement.milp import MilpBackend
-from pipette_cp.solvers.placement.regroup import regroup_replicas
 from pipette_cp.specs import Instance, Plan, SolveInfo
 from pipette_cp.specs.layouts import megatron_placement
 
@@ -213,8 +213,8 @@ def seed_assignments(
     if not starts:  # repair the candidate with the fewest flows over failed links
         starts = [min((a for _, a in found), key=lambda a: len(failed_flows(data, a)))]
     for i, start in enumerate(starts):
-        share = (deadline - time.perf_counter()) / (len(starts) - i)
-        assign, value = local_search(data, start, time.perf_counter() + share, rng)
+        share = (deadline - work.now()) / (len(starts) - i)
+        assign, value = local_search(data, start, work.now() + share, rng)
         if np.isfinite(value):
             feasible.append((value, assign))
     feasible.sort(key=lambda item: item[0])
@@ -248,20 +248,30 @@ def solve_placement(
     SolverTimeoutError
         No placement found within the time limit (the master never answered).
     """
+    if options.deterministic:  # the part's work budget, whatever the caller's clock said
+        limit = options.work_limit_s(PLACEMENT_WORK_SHARE)
+        options = replace(options, time_limit_s=limit, work_s=None)
+    with work.deterministic(options.deterministic and not work.active()):  # metered here
+        return _placement(instance, plan, options, backend, dp_algorithm, seeder, aligned)
+
+
+def _placement(instance: Instance, plan: Plan, options: SolveOptions, backend: str,
+               dp_algorithm: comm.Algorithm, seeder: Seeder | None, aligned: bool | None,
+               ) -> Plan:  # fmt: skip
     cut_differs = 1 < plan.tp <= instance.cluster.gpus_per_node and not node_uniform(instance)
     if aligned is None and cut_differs and not plan.hybrid:
         half = replace(options, time_limit_s=options.time_limit_s / 2)
         found: list[tuple[float, int, Plan]] = []
         for choice in (False, True):
             with contextlib.suppress(PipetteError):
-                placed = solve_placement(instance, plan, half, backend, dp_algorithm, seeder,
-                                         aligned=choice)  # fmt: skip
+                placed = _placement(instance, plan, half, backend, dp_algorithm, seeder,
+                                    aligned=choice)  # fmt: skip
                 info = placed.solve_info
                 found.append((info.objective if info and info.objective else 0.0, choice, placed))
         if not found:  # neither: the error of the best cut again
-            return solve_placement(instance, plan, half, backend, dp_algorithm, seeder, False)
+            return _placement(instance, plan, half, backend, dp_algorithm, seeder, False)
         return min(found, key=lambda item: item[:2])[2]
-    started = time.perf_counter()
+    started = work.now()
     if plan.hybrid:
         return _hybrid_placement(instance, plan, options, backend, dp_algorithm, seeder, started)
     # keep a little of the budget for re-scoring the result and the hints, and with
@@ -282,10 +292,10 @@ def solve_placement(
     sa_s = 0.0 if exact and not two_level_possible(data) else min(2.0, 0.1 * options.time_limit_s)
     seeder = seeder or PlainSeeder()
     plans = seeder.hint_plans(instance, plan, options, sa_s)
-    seed_deadline = time.perf_counter() + SEED_SHARE * options.time_limit_s
+    seed_deadline = work.now() + SEED_SHARE * options.time_limit_s
     seeds = seed_assignments(data, plans, seeder, options, seed_deadline)
     if not seeds and not exact:  # the full master is too large to find one: keep repairing
-        more = time.perf_counter() + 0.5 * (deadline - time.perf_counter())
+        more = work.now() + 0.5 * (deadline - work.now())
         seeds = seed_assignments(data, plans, seeder, replace(options, seed=options.seed + 1), more)
     if not seeds and not exact and not data.constraints:  # with user rows: try the full master
         raise SolverTimeoutError("no placement avoiding the failed links found in the time limit")
@@ -321,7 +331,7 @@ def solve_placement(
     )
     if not grouped:
         return solved
-    regrouped, objective = regroup_replicas(scorer, solved, end, options.seed)
+    regrouped, objective = regroup_within(scorer, solved, end, options.seed)
     if (
         regrouped is solved
         or check_plan(instance, regrouped)
@@ -332,7 +342,7 @@ def solve_placement(
     assert info is not None
     gap = None if info.bound is None else max(objective - info.bound, 0.0) / objective
     info = info.model_copy(update={"objective": objective, "gap": gap,
-                                   "wall_time_s": time.perf_counter() - started})  # fmt: skip
+                                   "wall_time_s": work.now() - started})  # fmt: skip
     return regrouped.model_copy(update={"solve_info": info})
 
 
@@ -357,7 +367,7 @@ def _hybrid_placement(
         )
     objective, _, chosen = min(scored, key=lambda item: (item[0], item[1]))
     info = SolveInfo(method=backend, status="feasible", objective=objective,
-                     wall_time_s=time.perf_counter() - started)  # fmt: skip
+                     wall_time_s=work.now() - started)  # fmt: skip
     return chosen.model_copy(update={"evaluation": None, "solve_info": info})
 
 
@@ -387,6 +397,6 @@ def _finish(evaluator, plan, data, best, bound, plans, method, started) -> Plan:
         objective=objective,
         bound=None if bound is None else min(bound, objective),
         gap=gap,
-        wall_time_s=time.perf_counter() - started,
+        wall_time_s=work.now() - started,
     )
     return chosen.model_copy(update={"evaluation": None, "solve_info": info})

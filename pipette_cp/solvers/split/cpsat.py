@@ -18,9 +18,11 @@ from typing import Any
 import numpy as np
 from ortools.sat.python import cp_model
 
+from pipette_cp.solvers import work
 from pipette_cp.solvers.cuts import Cut
 from pipette_cp.solvers.extensions import LinearTerms
 from pipette_cp.solvers.split.cost import MasterSolution
+from pipette_cp.solvers.work import limit
 
 #: Time steps per reference iteration time: CP-SAT's time resolution is 1e-9 relative.
 TIME_STEPS = 10**9
@@ -81,10 +83,9 @@ class CpSatSplitBackend:
     def solve(self, time_limit_s: float, n: list[Any], t: Any) -> MasterSolution:
         solver = cp_model.CpSolver()
         solver.parameters.catch_sigint_signal = False  # Ctrl-C stops the search, not one solve
-        solver.parameters.max_time_in_seconds = max(time_limit_s, 1e-3)
-        solver.parameters.num_workers = self.workers
-        solver.parameters.random_seed = self.seed
+        limit(solver, max(time_limit_s, 1e-3), self.workers, self.seed)
         status = solver.solve(self.model)
+        work.spend_cpsat(solver.deterministic_time)
         if status == cp_model.INFEASIBLE:
             return MasterSolution("infeasible", None, math.inf, math.inf)
         bound = solver.best_objective_bound * self.step_s

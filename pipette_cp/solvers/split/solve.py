@@ -44,7 +44,6 @@ every split of tiny instances through
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -52,8 +51,9 @@ from typing import Literal
 import numpy as np
 
 from pipette_cp.errors import InfeasibleError, SolverError, SpecError
+from pipette_cp.solvers import work
 from pipette_cp.solvers.extensions import SplitContext, family_violations
-from pipette_cp.solvers.options import SolveOptions
+from pipette_cp.solvers.options import SPLIT_WORK_SHARE, SolveOptions
 from pipette_cp.solvers.split.cost import SplitCost, split_cost
 from pipette_cp.solvers.split.cpsat import CpSatSplitBackend
 from pipette_cp.solvers.split.heuristics import feasible_start, local_search, prefer_simple
@@ -149,17 +149,31 @@ def solve_split(
     LayoutError
         Fewer layers than model chunks.
     """
-    started = time.perf_counter()
     options = options or SolveOptions()
     if backend not in BACKENDS:
         raise SpecError("backend", backend, f"unknown split backend; known: {', '.join(BACKENDS)}")
+    if options.deterministic:  # the part's work budget, whatever the caller's clock said
+        options = replace(options, time_limit_s=options.work_limit_s(SPLIT_WORK_SHARE), work_s=None)
+    with work.deterministic(options.deterministic and not work.active()):  # metered here
+        return _split(instance, plan, options, backend, tolerance, chunk_spread, cost, export_path)
+
+
+def _split(instance: Instance, plan: Plan, options: SolveOptions, backend: Backend,
+           tolerance: float, chunk_spread: int | None, cost: SplitCost | None,
+           export_path: str | Path | None) -> SplitResult:  # fmt: skip
+    """:func:`solve_split` within ``options.time_limit_s`` (under the work meter of
+    :mod:`~pipette_cp.solvers.work`: reference s of work; the heuristics there, which read
+    the wall clock, run to their end and are charged by the cuts they take)."""
+    started = work.now()
+    metered = work.active()
     deadline = started + options.time_limit_s
     cost = replace(cost or split_cost(instance, plan), chunk_spread=chunk_spread)
     cost.require_feasible()
     rng = np.random.default_rng(options.seed)
     start = feasible_start(cost)
     greedy_until = started + HEURISTIC_SHARE * options.time_limit_s
-    trail = local_search(cost, start, rng, deadline_s=greedy_until)
+    trail = local_search(cost, start, rng, deadline_s=math.inf if metered else greedy_until)
+    work.spend(work.CUT_TICKS * len(trail.cuts))
     best, best_s = trail.split, trail.time_s
     families = options.constraints
 
@@ -178,15 +192,17 @@ def solve_split(
     for cut in trail.cuts:
         master.add_iteration_time(cut)
     surrounded = False
-    while status != "optimal" and deadline > time.perf_counter():
+    while status != "optimal" and deadline > work.now() and not work.exhausted():
         if not surrounded and math.isfinite(best_s):  # once per incumbent
-            for cut in cost.cuts_around(best, rng, deadline):
+            around = cost.cuts_around(best, rng, math.inf if metered else deadline)
+            work.spend(work.CUT_TICKS * len(around))
+            for cut in around:
                 master.add_iteration_time(cut)
             master.add_objective_cutoff(best_s)
             surrounded = True
         if math.isfinite(best_s):
             master.add_hint(best)
-        sol = master.solve(max(deadline - time.perf_counter(), 0.0))
+        sol = master.solve(max(deadline - work.now(), 0.0))
         iterations += 1
         bound = max(bound, sol.bound_s)
         if sol.status == "infeasible":
@@ -204,6 +220,7 @@ def solve_split(
             break  # the master ran out of time
         else:
             cut = cost.cut(sol.split, rng)
+            work.spend(work.CUT_TICKS)
             if cut(sol.split) <= sol.objective_s + 0.5 * tolerance * value:
                 break  # cannot separate (non-convex DP table): report the gap
             master.add_iteration_time(cut)
@@ -220,7 +237,7 @@ def solve_split(
         objective_s=best_s,
         bound_s=proven,
         gap=None if proven is None else max(0.0, (best_s - proven) / best_s),
-        wall_time_s=time.perf_counter() - started,
+        wall_time_s=work.now() - started,
         iterations=iterations,
         backend=backend,
         start_s=cost.iteration_time_s(start),
