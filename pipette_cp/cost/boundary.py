@@ -15,9 +15,11 @@ Megatron-Core puts every MTP layer on the last pipeline stage unless a
 ``docs/user-guide/features/multi_token_prediction.md``, "Pipeline Parallel Layout for
 MTP": "By default, all MTP layers sit on the last pipeline stage"), so the modules are
 constants of the last virtual stage: :func:`mtp_times` (time) and
-:func:`mtp_param_split` (weights: the blocks, eh_proj, the three norms, and a copy of
-the word embedding on the last stage when it has none: Megatron-Core's ``GPTModel``
-builds the embedding ``if self.pre_process or self.mtp_process``).
+:func:`mtp_param_split` (weights, defined with the other parameter counts in
+:mod:`pipette_cp.cost.parameters`, which counts them on the last stage: the blocks,
+eh_proj, the three norms, and a copy of the word embedding on the last stage when it has
+none: Megatron-Core's ``GPTModel`` builds the embedding ``if self.pre_process or
+self.mtp_process``).
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ from pipette_cp.cost.calibration import COLLECTIVE_LATENCY_S, GpuCalibration
 from pipette_cp.cost.flops import Gemm
 from pipette_cp.cost.gemm_time import gemm_time_s, hbm_time_s
 from pipette_cp.cost.kernels import CROSS_ENTROPY_BYTES, norm_bytes
-from pipette_cp.cost.parameters import moe_layer_param_split, padded_vocab_size
+from pipette_cp.cost.parameters import mtp_param_split, padded_vocab_size
 from pipette_cp.specs.gpu import GpuSpec
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.training import TrainingSpec
+
+__all__ = ["boundary_times", "mtp_param_split", "mtp_times", "tp_collective_time_s"]
 
 Times = tuple[float, float, float, float]  # forward, backward, TP comm forward, backward
 
@@ -121,26 +125,3 @@ def mtp_times(
     out[:4] += (fwd + emb_f + head_f, bwd + emb_b + head_b, comm + emb_cf + head_cf,
                 comm + emb_cb + head_cb)  # fmt: skip
     return model.mtp_layers * out
-
-
-def mtp_param_split(model: ModelSpec, plan: Plan, stage: int) -> tuple[float, float]:
-    """(dense, routed-expert) parameters of the multi-token prediction modules on one GPU
-    of ``stage``: all on the last stage, 0 elsewhere (module docstring).
-
-    A module: its block split as the model's blocks (a mixture-of-experts block as
-    :func:`~pipette_cp.cost.parameters.moe_layer_param_split`, a dense one with its
-    norms and row-parallel biases replicated), ``eh_proj`` over tp, the three norms
-    replicated; plus the word embedding (vocab-parallel) when the last stage holds no
-    copy of it (pp > 1 and untied: tied weights already have the copy).
-    """
-    if not model.mtp_layers or stage != plan.pp - 1:
-        return 0.0, 0.0
-    h, t = model.hidden_size, plan.tp
-    if model.is_moe_layer(model.num_layers - 1):
-        dense, experts = moe_layer_param_split(model, plan)
-    else:
-        replicated = 2 * model.norm_params + (2 * h if model.linear_bias else 0)
-        dense, experts = (model.dense_layer_params - replicated) / t + replicated, 0.0
-    dense += 2 * h * h / t + 3 * model.norm_params
-    embedding = padded_vocab_size(model, t) * h / t if plan.pp > 1 and not model.tied_embeddings else 0.0  # fmt: skip
-    return model.mtp_layers * dense + embedding, model.mtp_layers * experts

@@ -30,7 +30,7 @@ import numpy as np
 
 from pipette_cp.cost.attention_window import window_tile_fraction
 from pipette_cp.cost.boundary import boundary_times as _boundary_times
-from pipette_cp.cost.boundary import mtp_param_split, mtp_times, tp_collective_time_s
+from pipette_cp.cost.boundary import mtp_times, tp_collective_time_s
 from pipette_cp.cost.calibration import GpuCalibration, calibration_for, peak_flops
 from pipette_cp.cost.context_parallel import check_cp_bandwidth, ring_exposed_s
 from pipette_cp.cost.flops import ATTENTION_CORE, layer_gemms
@@ -351,9 +351,7 @@ def optimizer_step_time_s(
     optimizer updates 1/(dp cp) of the dense parameters, 1/expert_dp of the experts'.
     """
     cal = calibration_for(gpu)
-    dense, experts = stage_param_split(model, plan, stage)
-    mtp_dense, mtp_experts = mtp_param_split(model, plan, stage)  # last stage
-    dense, experts = dense + mtp_dense, experts + mtp_experts
+    dense, experts = stage_param_split(model, plan, stage)  # MTP modules included
     params = dense + experts
     # the distributed optimizer: dense state over dp x cp, the experts' over expert dp
     shard = dense / plan.shard_group + experts / expert_shard_group(plan) \

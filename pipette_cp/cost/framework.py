@@ -140,11 +140,13 @@ FRAMEWORKS: dict[str, Framework] = {
         "A100 llm-foundry's (no rows); cp attention efficiency by grid (3 rows)",
         gpu_efficiency=(("A100", 1.043), ("H100", 0.738)),
         keeps_compute_weights=False,
-        # Its rows' memory is the caching allocator's reserved peak (train.py logs
-        # torch.cuda.memory_stats()["reserved_bytes.all.peak"]; instances/calibration/
-        # README.md): no CUDA context, no NCCL buffers (cudaMalloc'd outside the allocator),
-        # so no runtime constant; the allocator's reserve (allocator_fraction) stays.
-        runtime_bytes=0.0,
+        # The GPU holds FSDP's runtime constant (CUDA context, NCCL buffers), which the
+        # fit decision needs.  Its rows' memory is the caching allocator's reserved peak
+        # (train.py logs torch.cuda.memory_stats()["reserved_bytes.all.peak"];
+        # instances/calibration/README.md), without them: the accuracy experiments compare
+        # it with MemoryBreakdown.reserved_bytes (the peak less the runtime constant; the
+        # allocator's reserve, allocator_fraction, stays).
+        runtime_bytes=_FSDP_RUNTIME_BYTES,
         # Its loss (train.py at 9dec370, not compiled): cross_entropy(pred.float(), labels)
         # keeps the fp32 log-softmax output (4 B) for its backward, where the fp32
         # gradient from the NLL (4 B) and the log-softmax's fp32 input gradient (4 B) are

@@ -21,6 +21,7 @@ The GEMMs themselves are :func:`pipette_cp.cost.flops.attention_projection_gemms
 from __future__ import annotations
 
 from pipette_cp.cost.flops import attention_projection_gemms
+from pipette_cp.specs import model_counts as counts
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
 
@@ -38,6 +39,29 @@ def attention_input_width(model: ModelSpec) -> int:
     assert model.kv_lora_rank is not None and model.qk_rope_head_dim is not None
     queries = model.q_lora_rank or model.hidden_size
     return queries + model.kv_lora_rank + model.qk_rope_head_dim
+
+
+def duplicated_params(model: ModelSpec) -> int:
+    """Parameters of one layer's latent attention that every tensor-parallel rank holds
+    whole: the down-projections (``TELinear(parallel_mode='duplicated')``, ``h x
+    q_lora_rank`` and ``h x (kv_lora_rank + rope)``) and the latents' norms (the
+    ``q_layernorm`` and ``kv_layernorm`` weights of the fused
+    ``TELayerNormColumnParallelLinear`` up-projections, not split); 0 without latent
+    attention (without ``q_lora_rank`` the queries' ``linear_q_proj`` is column-parallel)."""
+    if not model.is_mla:
+        return 0
+    assert model.kv_lora_rank is not None and model.qk_rope_head_dim is not None
+    h, q_rank = model.hidden_size, model.q_lora_rank or 0
+    queries = h * q_rank + counts.norm(model, q_rank) if q_rank else 0
+    latent = h * (model.kv_lora_rank + model.qk_rope_head_dim)
+    return queries + latent + counts.norm(model, model.kv_lora_rank)
+
+
+def attention_weight_elements(model: ModelSpec, tp: int) -> float:
+    """Weight elements of one layer's attention GEMMs on one tensor-parallel rank (``k n``
+    of every projection: the duplicated down-projections whole, the rest ``/ tp``): the
+    weights part of :func:`attention_cast_elements`."""
+    return float(sum(g.k * g.n for g in attention_projection_gemms(model, tp, tp)))
 
 
 def latent_norm_elements(model: ModelSpec, tokens: float, plan: Plan) -> float:
@@ -87,12 +111,11 @@ def attention_cast_elements(
     :func:`pipette_cp.cost.kernels.fp8_cast_bytes`.
     """
     t, sp = plan.tp, plan.sequence_parallel
-    forward = backward = weights = 0.0
+    forward = backward = 0.0
     for g in attention_projection_gemms(model, tokens, t, sp):
         forward += g.m * g.k / (t if sp and g.name in _GATHERED else 1)
         if g.name == "proj":
             backward += g.m * g.n / (t if sp else 1)
         else:
             backward += g.m * g.n
-        weights += g.k * g.n
-    return forward, backward, weights
+    return forward, backward, attention_weight_elements(model, t)

@@ -29,8 +29,8 @@ the one framework of :data:`PYTORCH_NATIVE`.  Per GPU of a pipeline stage, bytes
   FC1 (w1, w3) take the all-gathered (``Replicate``) norm output, and autograd saves that
   full-sequence input for the weight gradient (Megatron saves the 1/tp shard and gathers
   again in backward): the block being recomputed holds 2 x 2 B x h per token more than
-  :func:`pipette_cp.cost.memory._full_layer_activation_bytes` counts under sequence
-  parallelism.  Its backward holds one more full-sequence ``h``-wide bf16 tensor at a
+  :func:`pipette_cp.cost.memory_activations.full_layer_activation_bytes` counts under
+  sequence parallelism.  Its backward holds one more full-sequence ``h``-wide bf16 tensor at a
   time: the all-gathered output gradient of a row-parallel GEMM (wo, w2; their
   ``output_layouts=Shard(1)`` redistributes it to ``Replicate`` for the local matmuls) or
   the partial-sum input gradient of Q/K/V and w1/w3 before its reduce-scatter.
@@ -120,12 +120,14 @@ def tp_gathered_input_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan
 
 def ring_attention_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
     """PyTorch ring attention's working set less Megatron's p2p chunks (cp > 1): K and V
-    of the whole sequence gathered at the query width, and fp32 dQ, dK, dV (local)."""
+    of the whole sequence gathered at the query heads' widths (K ``head_size``, V
+    ``v_head_size``), and fp32 dQ, dK (``head_size``) and dV (``v_head_size``), local."""
     if plan.cp == 1:
         return 0.0
-    width = model.num_attention_heads * model.head_size / plan.tp
-    gathered = 2 * _BF16 * training.seq_length * plan.micro_batch_size * width
-    accumulators = 3 * _FP32 * _tokens(training, plan) * width
+    heads = model.num_attention_heads / plan.tp
+    qk, v = heads * model.head_size, heads * model.v_head_size
+    gathered = _BF16 * training.seq_length * plan.micro_batch_size * (qk + v)
+    accumulators = _FP32 * _tokens(training, plan) * (2 * qk + v)
     return gathered + accumulators - cp_temporary_bytes(model, training, plan)
 
 

@@ -96,10 +96,12 @@ def _moe_by_chunk(pattern: tuple[bool, int, int, int], split: tuple[int, ...]) -
 def cp_chunk_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
     """Bytes of the key/value chunk one GPU passes to the next rank of its
     context-parallel ring in one step: K and V of its ``s b / cp`` tokens for its
-    ``kv_heads / tp`` heads (Megatron's p2p ring: ``cp - 1`` steps forward; backward
+    ``kv_heads / tp`` heads, K ``head_size`` and V ``v_head_size`` wide (latent attention:
+    192 and 128 for DeepSeek-V3) (Megatron's p2p ring: ``cp - 1`` steps forward; backward
     passes K, V and their gradients, twice the bytes)."""
     if plan.cp == 1:
         return 0.0
     elem = BYTES_PER_ELEMENT[training.precision]
     heads = max(model.kv_heads // plan.tp, 1)
-    return 2.0 * unit_tokens(training, plan) * heads * model.head_size * elem
+    width = model.head_size + model.v_head_size
+    return unit_tokens(training, plan) * heads * width * elem

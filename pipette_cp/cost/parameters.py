@@ -25,6 +25,7 @@ import numpy as np
 
 from pipette_cp.cost.framework import resolve_framework
 from pipette_cp.cost.kernels import keeps_fp8_tensors
+from pipette_cp.cost.latent_attention import attention_weight_elements, duplicated_params
 from pipette_cp.cost.moe import local_experts, moe_layers_by_chunk
 from pipette_cp.specs import model_counts as counts
 from pipette_cp.specs.model import ModelSpec
@@ -57,15 +58,31 @@ def layer_params_per_gpu(model: ModelSpec, tp: int) -> float:
     see :func:`largest_layer_params_per_gpu`).
 
     Norms and the biases of the row-parallel layers are replicated on every rank,
-    the rest is split (Megatron ColumnParallelLinear / RowParallelLinear).
+    the rest is split (Megatron ColumnParallelLinear / RowParallelLinear); with latent
+    attention also its down-projections and latent norms
+    (:func:`~pipette_cp.cost.latent_attention.duplicated_params`).
     """
-    replicated = 2 * model.norm_params + (2 * model.hidden_size if model.linear_bias else 0)
-    return (model.params_per_layer - replicated) / tp + replicated
+    replicated = _replicated_params(model)
+    return (model.params_per_layer - replicated) / tp + replicated  # raises for MoE
+
+
+def _replicated_attention_params(model: ModelSpec) -> int:
+    """Attention and block-norm parameters of one layer every tensor-parallel rank holds
+    whole: the two block norms, latent attention's duplicated part, and the output
+    projection's bias."""
+    bias = model.hidden_size if model.linear_bias else 0
+    return 2 * model.norm_params + duplicated_params(model) + bias
+
+
+def _replicated_params(model: ModelSpec) -> int:
+    """Parameters of one dense block every tensor-parallel rank holds whole: those of
+    :func:`_replicated_attention_params` and the FC2 bias."""
+    return _replicated_attention_params(model) + (model.hidden_size if model.linear_bias else 0)
 
 
 def _dense_layer_params(model: ModelSpec, tp: int) -> float:
     """:func:`layer_params_per_gpu` of a dense block, also of a mixture-of-experts model."""
-    replicated = 2 * model.norm_params + (2 * model.hidden_size if model.linear_bias else 0)
+    replicated = _replicated_params(model)
     return (model.dense_layer_params - replicated) / tp + replicated
 
 
@@ -73,14 +90,15 @@ def moe_layer_param_split(model: ModelSpec, plan: Plan) -> tuple[float, float]:
     """(dense, routed-expert) parameters of one mixture-of-experts layer on one GPU.
 
     Dense: attention and the shared experts split over tp (the row-parallel biases,
-    the norms, the router and the shared-expert gate replicated, as in
-    :func:`layer_params_per_gpu`).  Experts: ``num_experts / ep`` MLPs of
-    ``expert_width``, their matrices split over ``etp`` (the FC2 bias replicated).
+    the norms, latent attention's down-projections and latent norms, the router and the
+    shared-expert gate replicated, as in :func:`layer_params_per_gpu`).  Experts:
+    ``num_experts / ep`` MLPs of ``expert_width``, their matrices split over ``etp`` (the
+    FC2 bias replicated).
     """
     h, bias = model.hidden_size, model.linear_bias
     shared = model.num_shared_experts > 0
     gate = h if model.shared_expert_gate else 0
-    replicated = 2 * model.norm_params + (h if bias else 0) + (h if bias and shared else 0)
+    replicated = _replicated_attention_params(model) + (h if bias and shared else 0)
     split = model.attention_params + counts.block_norms(model) + model.shared_expert_params - gate
     dense = (split - replicated) / plan.tp + replicated + gate + model.router_params
     fc2_bias = h if bias else 0
@@ -113,29 +131,27 @@ def largest_layer_params_per_gpu(model: ModelSpec, plan: Plan) -> float:
     return max(dense, sum(moe_layer_param_split(model, plan)))
 
 
-def _attention_gemm(model: ModelSpec) -> int:
-    h = model.hidden_size
-    q, kv = model.num_attention_heads * model.head_size, model.kv_heads * model.head_size
-    return h * (q + 2 * kv) + q * h
-
-
 def _mlp_gemm(model: ModelSpec, width: int) -> int:
     fc1 = (2 if model.activation == "swiglu" else 1) * width
     return model.hidden_size * fc1 + width * model.hidden_size
 
 
 def layer_gemm_params_per_gpu(model: ModelSpec, tp: int) -> float:
-    """Weights of one dense layer's GEMMs (QKV, projection, FC1, FC2) on one tensor-parallel
-    rank: what runs in FP8 under fp8 training (no norms, no biases)."""
-    return (_attention_gemm(model) + _mlp_gemm(model, model.ffn_hidden_size)) / tp
+    """Weights of one dense layer's GEMMs (QKV, projection, FC1, FC2; with latent attention
+    its down-projections whole, :func:`~pipette_cp.cost.latent_attention.
+    attention_cast_elements`) on one tensor-parallel rank: what runs in FP8 under fp8
+    training (no norms, no biases)."""
+    return attention_weight_elements(model, tp) + _mlp_gemm(model, model.ffn_hidden_size) / tp
 
 
 def moe_layer_gemm_params_per_gpu(model: ModelSpec, plan: Plan) -> float:
-    """Weights of one mixture-of-experts layer's FP8 GEMMs on one GPU: attention and the
-    shared experts over tp, the local experts over etp (the router stays in bf16)."""
+    """Weights of one mixture-of-experts layer's FP8 GEMMs on one GPU: attention (as in
+    :func:`layer_gemm_params_per_gpu`) and the shared experts over tp, the local experts
+    over etp (the router stays in bf16)."""
     shared = _mlp_gemm(model, model.shared_expert_width) if model.num_shared_experts else 0
     experts = local_experts(model, plan) * _mlp_gemm(model, model.expert_width)
-    return (_attention_gemm(model) + shared) / plan.tp + experts / plan.expert_tp
+    attention = attention_weight_elements(model, plan.tp)
+    return attention + shared / plan.tp + experts / plan.expert_tp
 
 
 def largest_layer_gemm_params_per_gpu(model: ModelSpec, plan: Plan) -> float:
@@ -189,8 +205,8 @@ def stage_param_split(model: ModelSpec, plan: Plan, stage: int) -> tuple[float, 
     :func:`moe_layer_param_split`), the word embedding (vocab-parallel) on stage 0 with
     learned positions replicated over tp, and on the last stage the final norm and the
     LM head, a separate copy of the embedding when tied and pp > 1 (Megatron keeps both
-    copies and all-reduces their gradients).  Expert: the local routed experts.
-    Multi-token prediction modules are not counted.
+    copies and all-reduces their gradients), and the multi-token prediction modules
+    (:func:`mtp_param_split`).  Expert: the local routed experts (and the MTP blocks').
     """
     h = model.hidden_size
     vocab = padded_vocab_size(model, plan.tp)
@@ -208,7 +224,31 @@ def stage_param_split(model: ModelSpec, plan: Plan, stage: int) -> tuple[float, 
         params += model.norm_params
         if not model.tied_embeddings or plan.pp > 1:
             params += vocab * h / plan.tp
-    return params, experts
+    mtp_dense, mtp_experts = mtp_param_split(model, plan, stage)
+    return params + mtp_dense, experts + mtp_experts
+
+
+def mtp_param_split(model: ModelSpec, plan: Plan, stage: int) -> tuple[float, float]:
+    """(dense, routed-expert) parameters of the multi-token prediction modules on one GPU
+    of ``stage``: all on the last stage, 0 elsewhere (:mod:`pipette_cp.cost.boundary`).
+
+    A module: its block split as the model's blocks of the last layer's kind (a
+    mixture-of-experts block as :func:`moe_layer_param_split`, a dense one as
+    :func:`layer_params_per_gpu`), ``eh_proj`` (``2h x h``) over tp, the three norms
+    replicated; plus the word embedding (vocab-parallel) when the last stage holds no
+    copy of it (pp > 1 and untied: tied weights already have the copy).
+    """
+    if not model.mtp_layers or stage != plan.pp - 1:
+        return 0.0, 0.0
+    h, t = model.hidden_size, plan.tp
+    if model.is_moe_layer(model.num_layers - 1):
+        dense, experts = moe_layer_param_split(model, plan)
+    else:
+        dense, experts = _dense_layer_params(model, t), 0.0
+    dense += 2 * h * h / t + 3 * model.norm_params
+    untied = plan.pp > 1 and not model.tied_embeddings
+    embedding = padded_vocab_size(model, t) * h / t if untied else 0.0
+    return model.mtp_layers * dense + embedding, model.mtp_layers * experts
 
 
 def stage_params_per_gpu(model: ModelSpec, plan: Plan, stage: int) -> float:

@@ -36,12 +36,13 @@ Assumptions where a row is silent:
   FlashAttention 2, fused norms and activations only under torch.compile, ``selective`` =
   torchtitan's per-op checkpointing for memory (:mod:`pipette_cp.cost.memory_recompute`)
   and Megatron's selective recomputation for time, FSDP2 as ZeRO-3 (ZeRO-1 under pipeline
-  parallelism), micro-batches of local batch / pp, two virtual stages per rank for
-  interleaved 1F1B; the benchmark's H100 with 2.4 TB/s of HBM2e
+  parallelism), one micro-batch per pipeline stage (local batch / (pp x vpp)), two virtual
+  stages per rank for interleaved 1F1B; the benchmark's H100 with 2.4 TB/s of HBM2e
   (:data:`~pipette_cp.experiments.published_runs_setup.TORCHTITAN_GPU`).  Memory:
   torchtitan prints the caching allocator's reserved peak (``reserved_bytes.all.peak``,
-  GiB, the largest of all GPUs), the model the nvidia-smi-like peak (runtime constant
-  included).
+  GiB, the largest of all GPUs), compared with the predicted peak less the runtime
+  constant (:func:`~pipette_cp.experiments.torchtitan_rows.reserved_peak_gib`); the other
+  families' rows with the nvidia-smi-like peak (runtime constant included).
 """
 
 from __future__ import annotations
@@ -132,10 +133,11 @@ def evaluate_row(
     tokens = inst.training.global_batch_size * inst.training.seq_length
     measured = float((note(row["notes"], "tokens_per_s_per_gpu") or "nan").split()[0])
     memory = row["measured_mem_gb_per_gpu"]
+    peak = torchtitan_rows.reserved_peak_gib(inst, plan) if titan else evaluation.memory_bytes_max / GiB  # fmt: skip
     return Fp8Result(
         family(row), side, row_precision(row), row["model_name"], plan.layout(), measured,
         tokens / evaluation.iteration_time_s / plan.num_gpus,
-        float(memory) if memory else math.nan, evaluation.memory_bytes_max / GiB,
+        float(memory) if memory else math.nan, peak,
         (note(row["notes"], "torch.compile") or "") == "y",
     )  # fmt: skip
 

@@ -9,8 +9,9 @@ the :class:`~pipette_cp.cost.evaluate.Evaluator` and prints the step-time MAPE p
 row (layout, measured, predicted, error, where the predicted time goes, and the share of
 it the fused attention takes: what halving its speed adds), the rows skipped and why, the
 error of the cp = 1 rows of the torchtitan long-context sweeps beside their cp > 1 rows,
-and predicted vs measured peak memory of the torchtitan rows with cp > 1
-(:mod:`pipette_cp.experiments.torchtitan_rows`).
+and predicted vs measured peak memory of the torchtitan rows with cp > 1 (their reserved
+peaks against the prediction less the runtime constant:
+:func:`pipette_cp.experiments.torchtitan_rows.reserved_peak_gib`).
 ``--fit`` fits three parameters on the fit side only and prints them with the held-out
 errors (:func:`fit_parameters`): the MoE load imbalance of dropless routing
 (``TrainingSpec.moe_load_imbalance``, on the forced-balance / dropless throughput pairs of
@@ -172,11 +173,14 @@ def evaluate_row(
     })  # fmt: skip
     halved = Evaluator(with_training(st.instance, framework=slow)).iteration_time(st.plan)
     gpu = next(iter(st.instance.cluster.gpu_types)).split("-")[0]
+    peak = ev.memory_bytes_max / GiB  # torchtitan's rows print the reserved peak:
+    if st.family == "torchtitan":
+        peak = torchtitan_rows.reserved_peak_gib(st.instance, st.plan)
     return RowResult(
         index, st.family, gpu, side, is_moe_row(row), row_cp(row), st.fp8, st.name,
         st.plan.layout(), st.measured_from, st.measured_step_s, total, ev.fits,
         tuple(ev.breakdown_s[k] / total for k in SHARES), halved / total - 1.0,
-        st.measured_mem_gib, ev.memory_bytes_max / GiB,
+        st.measured_mem_gib, peak,
     )  # fmt: skip
 
 

@@ -190,8 +190,11 @@ TORCHTITAN_GPU = resolve_gpu("h100").model_copy(
                       "and NVLink of the H100 SXM5 datasheet"}
 )  # fmt: skip
 #: Micro-batches per pipeline of torchtitan's pipeline schedules at 9dec370 when the row
-#: does not say: as many as pipeline stages (``pipeline_parallel_microbatches`` unset);
-#: interleaved 1F1B with 2 virtual stages per rank (not stated).
+#: does not say: as many as pipeline stages of the whole pipeline (``build_pipeline_schedule``
+#: with ``experimental.pipeline_parallel_microbatches`` unset: ``pipeline_parallel_degree
+#: x len(stages)``, stages on all ranks, so pp x vpp under interleaving); interleaved
+#: 1F1B with 2 virtual stages per rank (not stated; ``generate_split_points``' default for
+#: multi-stage schedules).
 TORCHTITAN_PP_VPP = 2
 
 
@@ -266,8 +269,9 @@ def _torchtitan_setup(
     )  # fmt: skip
     tp, pp, dp = int(row["tp"]), int(row["pp"]), int(row["dp"])
     local = int(re.search(r"local batch (\d+)", notes).group(1))  # type: ignore[union-attr]
-    mb = int(row["micro_batch_size"]) if row["micro_batch_size"] else local // pp
     vpp = TORCHTITAN_PP_VPP if "Interleaved" in notes else 1
+    # one micro-batch per stage of the pipeline, pp x vpp (TORCHTITAN_PP_VPP)
+    mb = int(row["micro_batch_size"]) if row["micro_batch_size"] else local // (pp * vpp)
     # FSDP2 fully_shard is ZeRO-3; under pipeline parallelism torchtitan does not reshard
     # after forward (parallelize_llama.apply_fsdp), so the gathered weights and unsharded
     # gradients stay for the step: the optimizer state alone is sharded (ZeRO-1).

@@ -19,6 +19,12 @@ experiments that show the torchtitan rows re-fit and print them with ``--fit``:
 
 Neither reads a held-out row.  :func:`format_references` and :func:`format_memory` are
 the torchtitan part of :mod:`pipette_cp.experiments.moe_cp_accuracy`'s report.
+
+Memory: torchtitan's rows print the caching allocator's reserved peak
+(``reserved_bytes.all.peak``), which holds no CUDA context and no NCCL buffers, while the
+memory model predicts what the GPU holds (the runtime constant included, for the fit
+decision): :func:`reserved_peak_gib` compares like with like, the peak less the runtime
+constant (:attr:`~pipette_cp.cost.memory.MemoryBreakdown.reserved_bytes`).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import numpy as np
 
 from pipette_cp.cost import framework as fw
 from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.cost.memory import memory_by_stage
 from pipette_cp.experiments.accuracy import read_rows
 from pipette_cp.experiments.calibration_split import FIT, HELD_OUT, assign_split, family
 from pipette_cp.experiments.moe_cp_setup import MOE_CP_CSV, moe_cp_setup, row_cp, selected_rows
@@ -44,9 +51,12 @@ from pipette_cp.experiments.published_runs_setup import (
     note,
     row_precision,
 )
+from pipette_cp.units import GiB
 
 if TYPE_CHECKING:
     from pipette_cp.experiments.moe_cp_accuracy import RowResult
+    from pipette_cp.specs.instance import Instance
+    from pipette_cp.specs.plan import Plan
 
 #: The GPU family of every torchtitan row, whose compute efficiency is fitted.
 GPU_FAMILY = "H100"
@@ -57,6 +67,13 @@ CP_GRID = tuple(round(0.40 + 0.01 * i, 2) for i in range(61))
 #: Memory targets: within this share of the measurement, never below it by more than
 #: :data:`MEMORY_UNDER` (as :mod:`pipette_cp.experiments.fp8_accuracy`).
 MEMORY_TARGET, MEMORY_UNDER = 0.10, 0.03
+
+
+def reserved_peak_gib(instance: Instance, plan: Plan) -> float:
+    """The predicted caching-allocator reserved peak of the most loaded GPU, GiB: what a
+    torchtitan row's memory column measures (module docstring)."""
+    stages = memory_by_stage(instance.model, instance.training, plan)
+    return max(s.reserved_bytes for s in stages) / GiB
 
 
 def compute_fit_rows(path: Path = MOE_CP_CSV) -> list[dict[str, str]]:
