@@ -182,11 +182,13 @@ def check_no_failed_link(instance: Instance, plan: Plan) -> list[Violation]:
     a unit is fine while some ring of its GPUs avoids failed pairs)."""
     cluster = instance.cluster
     n = cluster.num_gpus
-    failed = cluster.failed_mask
     found = []
-    tied, bandwidth = instance.model.tied_embeddings, cluster.bandwidth_bytes_per_s
+    tied, bandwidth = instance.model.tied_embeddings, cluster.links
     for kind, pairs in communication_pairs(plan, tied, bandwidth).items():
-        bad = sorted((a, b) for a, b in pairs if 0 <= a < n and 0 <= b < n and failed[a, b])
+        ends = np.array(sorted((a, b) for a, b in pairs if 0 <= a < n and 0 <= b < n),
+                        dtype=np.int64).reshape(-1, 2)  # fmt: skip
+        hit = cluster.pair_failed(ends[:, 0], ends[:, 1])
+        bad = [(int(a), int(b)) for a, b in ends[hit]]
         if bad and kind == "dp" and _two_level_avoids(instance, plan):
             continue  # NCCL's two-level all-reduce runs without those pairs (as the Evaluator)
         if bad:

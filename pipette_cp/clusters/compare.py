@@ -184,7 +184,7 @@ def compare_clusters(
         raise SpecError("threshold", threshold, "expected a relative change > 0, e.g. 0.2")
     order = _node_order(a, b, by_name)
     gpus = (order[:, None] * a.gpus_per_node + np.arange(a.gpus_per_node)).ravel()
-    before, after = a.bandwidth_bytes_per_s, b.bandwidth_bytes_per_s[np.ix_(gpus, gpus)]
+    before, after = a.matrix, b.matrix[np.ix_(gpus, gpus)]
     node_a, node_b = a.node_matrix(), b.node_matrix()[np.ix_(order, order)]
     off = ~np.eye(a.num_gpus, dtype=bool)
     alive_a, alive_b = off & (before > 0), off & (after > 0)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipette_cp.errors import SpecError
+from pipette_cp.specs import ClusterSpec, resolve_gpu
 from pipette_cp.specs.hierarchy import (
     FabricLevel,
     HierarchicalFabric,
@@ -95,3 +96,29 @@ def fat_tree(
     bw = np.concatenate((base, np.zeros(failed)))
     pairs = PairExceptions(src=src, dst=dst, bandwidth_bytes_per_s=bw)
     return HierarchicalFabric(**common, node_pairs=pairs)  # type: ignore[arg-type]
+
+
+def fat_tree_cluster(gpus: int, seed: int = 0, **fabric: float | int) -> ClusterSpec:
+    """A :class:`ClusterSpec` on :func:`fat_tree` (keywords: its parameters): H100 SXM
+    nodes, 8 NDR NICs of 40 GB/s under load (the measured per-GPU figure of
+    :func:`~pipette_cp.clusters.gen_healthy.h100_multileaf`), node ``k`` named
+    ``node{k:05d}``, node groups = leaves."""
+    tree = fat_tree(gpus, seed, **fabric)  # type: ignore[arg-type]
+    gpu = resolve_gpu("h100")
+    nodes = tree.num_nodes
+    leaf = tree.levels[0].nodes if len(tree.levels) > 1 else nodes
+    return ClusterSpec(
+        name=f"fat-tree-{gpus}-s{seed}",
+        num_nodes=nodes,
+        gpus_per_node=tree.gpus_per_node,
+        gpu_types={gpu.name: gpu},
+        node_gpu_types=(gpu.name,) * nodes,
+        node_names=tuple(f"node{k:05d}" for k in range(nodes)),
+        node_groups=tuple(k // leaf for k in range(nodes)),
+        nics_per_node=8,
+        nic_bandwidth_bytes_per_s=40 * GB,
+        fabric=tree,
+        intra_node_latency_s=tree.nvlink_latency_s,
+        inter_node_latency_s=tree.levels[0].latency_s,
+        source=f"fat_tree(gpus={gpus}, seed={seed}, {fabric})",
+    )

@@ -94,7 +94,7 @@ def cp_ring_bandwidths(
     if not f.cp_src.size:
         return np.zeros(pp), np.zeros(pp)
     src, dst = flat[f.cp_src.ravel()], flat[f.cp_dst.ravel()]
-    bw = fabric.flat_bandwidth[src * fabric.num_gpus + dst]
+    bw = fabric.pair_bandwidth(src, dst)
     if not bw.all():
         comm.check_links(fabric, src, dst, "a context-parallel ring")
     bw, lat = comm.shared_nic_flows(fabric, src, dst, bw=bw)
@@ -232,5 +232,4 @@ def expert_dp_rings(flat: np.ndarray, f: GroupFlows) -> np.ndarray:
 def fastest_link_bytes_per_s(cluster: ClusterSpec) -> float:
     """The cluster's fastest GPU pair, bytes/s: where a context-parallel ring could run
     at best (what placement-free lower bounds assume)."""
-    bandwidth = cluster.bandwidth_bytes_per_s
-    return float(bandwidth.max()) if bandwidth.size > 1 else 1.0
+    return cluster.fastest_link_bytes_per_s()

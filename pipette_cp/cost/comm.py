@@ -36,6 +36,7 @@ import numpy as np
 
 from pipette_cp.errors import InfeasibleError
 from pipette_cp.specs.cluster import ClusterSpec
+from pipette_cp.specs.hierarchy import HierarchicalFabric
 
 Collective = Literal["all_reduce", "reduce_scatter", "all_gather"]
 Algorithm = Literal["ring", "hierarchical", "best"]
@@ -52,9 +53,12 @@ class Fabric:
     Attributes
     ----------
     bandwidth : numpy.ndarray
-        GPU x GPU point-to-point bandwidth, bytes/s; 0 off the diagonal = failed.
-    latency : numpy.ndarray
-        GPU x GPU start-up latency, s (intra- or inter-node value).
+        GPU x GPU point-to-point bandwidth, bytes/s; 0 off the diagonal = failed (or a
+        :class:`~pipette_cp.specs.hierarchy.LinkView`, indexed the same way, for a
+        hierarchical fabric: read pairs with :meth:`pair_bandwidth`).
+    latency : numpy.ndarray or None
+        Not read (kept for callers that pass one): a flow's start-up latency is the
+        intra- or inter-node value, or, on a hierarchical fabric, that of its level.
     node_of : numpy.ndarray
         Node index of every GPU.
     domain_of : numpy.ndarray
@@ -67,7 +71,7 @@ class Fabric:
     """
 
     bandwidth: np.ndarray
-    latency: np.ndarray
+    latency: np.ndarray | None
     node_of: np.ndarray
     nic_capacity_bytes_per_s: float
     num_nodes: int
@@ -75,8 +79,10 @@ class Fabric:
     inter_node_latency_s: float = 0.0
     #: NVLink domain of every GPU (None: its node)
     domain_of: np.ndarray = None  # type: ignore[assignment]
-    #: ``bandwidth`` flattened: ``B[i, j]`` is ``flat_bandwidth[i * num_gpus + j]``.
-    flat_bandwidth: np.ndarray = field(init=False, repr=False)
+    #: the switch levels and exceptions, when the links are a hierarchical fabric
+    hierarchy: HierarchicalFabric | None = None
+    #: ``bandwidth`` flattened (dense only): ``B[i, j]`` is ``flat_bandwidth[i * num_gpus + j]``.
+    flat_bandwidth: np.ndarray | None = field(init=False, repr=False)
 
     @classmethod
     def from_cluster(cls, cluster: ClusterSpec) -> Fabric:
@@ -94,27 +100,40 @@ class Fabric:
         50000000000.0
         """
         node_of = np.arange(cluster.num_gpus) // cluster.gpus_per_node
-        same_node = node_of[:, None] == node_of[None, :]
-        latency = np.where(same_node, cluster.intra_node_latency_s, cluster.inter_node_latency_s)
         per = cluster.nodes_per_nvlink_domain
         domain_of = node_of // per if per > 1 else node_of
-        for array in (node_of, latency, domain_of):
+        for array in (node_of, domain_of):
             array.flags.writeable = False
         return cls(
-            bandwidth=cluster.bandwidth_bytes_per_s,
-            latency=latency,
+            bandwidth=cluster.links,
+            latency=None,
             node_of=node_of,
             nic_capacity_bytes_per_s=cluster.nics_per_node * cluster.nic_bandwidth_bytes_per_s,
             num_nodes=cluster.num_nodes,
             intra_node_latency_s=cluster.intra_node_latency_s,
             inter_node_latency_s=cluster.inter_node_latency_s,
             domain_of=domain_of,
+            hierarchy=cluster.fabric,
         )
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "flat_bandwidth", self.bandwidth.reshape(-1))
+        dense = isinstance(self.bandwidth, np.ndarray)
+        object.__setattr__(self, "flat_bandwidth", self.bandwidth.reshape(-1) if dense else None)
         if self.domain_of is None:
             object.__setattr__(self, "domain_of", self.node_of)
+
+    def pair_bandwidth(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """``B[src[i], dst[i]]`` for integer arrays of one shape (one gather when dense)."""
+        if self.flat_bandwidth is not None:
+            return self.flat_bandwidth[src * self.num_gpus + dst]
+        assert self.hierarchy is not None
+        return self.hierarchy.bandwidth(src, dst)
+
+    def pair_latency(self, src: np.ndarray, dst: np.ndarray, cross: np.ndarray) -> np.ndarray:
+        """Start-up latency of each flow (``cross``: whether it leaves its node)."""
+        if self.hierarchy is not None:
+            return self.hierarchy.latency(src, dst)
+        return np.where(cross, self.inter_node_latency_s, self.intra_node_latency_s)
 
     @property
     def num_gpus(self) -> int:
@@ -151,7 +170,7 @@ def concurrent_flows(
     for callers that check several operations at once and name them.
     """
     src, dst = np.asarray(src).ravel(), np.asarray(dst).ravel()
-    bw = fabric.flat_bandwidth[src * fabric.num_gpus + dst]
+    bw = fabric.pair_bandwidth(src, dst)
     if what is not None and not bw.all():
         check_links(fabric, src, dst, what)
     offset = 0 if group is None else np.asarray(group).ravel() * fabric.num_nodes
@@ -169,12 +188,14 @@ def shared_nic_flows(
     ``bw``: the flows' point-to-point bandwidths, if gathered already.
     """
     if bw is None:
-        bw = fabric.flat_bandwidth[src * fabric.num_gpus + dst]
+        bw = fabric.pair_bandwidth(src, dst)
     src_node, dst_node = fabric.node_of[src], fabric.node_of[dst]
     cross = src_node != dst_node
-    if not cross.any():
+    if not cross.any() and fabric.hierarchy is None:
         return bw, np.full(bw.shape, fabric.intra_node_latency_s)
-    latency = np.where(cross, fabric.inter_node_latency_s, fabric.intra_node_latency_s)
+    latency = fabric.pair_latency(src, dst, cross)
+    if not cross.any():
+        return bw, latency
     nic = cross  # through the NICs: the flows that leave an NVLink domain
     if fabric.domain_of is not fabric.node_of:
         nic = fabric.domain_of[src] != fabric.domain_of[dst]

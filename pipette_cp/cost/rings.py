@@ -34,6 +34,7 @@ import numpy as np
 
 from pipette_cp.cost import comm
 from pipette_cp.errors import InfeasibleError
+from pipette_cp.specs.hierarchy import LinkView
 
 Ring = tuple[tuple[int, ...], float]
 
@@ -96,7 +97,11 @@ def ring_bandwidths(bandwidth: np.ndarray, groups: np.ndarray) -> np.ndarray:
         return np.full(count, math.inf)
     bound, flat_bw, solved = _matrix_state(bandwidth)
     flat = groups.ravel()
-    links = flat_bw[flat * bandwidth.shape[1] + flat[_successors(count, k)]]
+    succ = flat[_successors(count, k)]
+    if isinstance(bandwidth, LinkView):
+        links = bandwidth.fabric.bandwidth(flat, succ)
+    else:
+        links = flat_bw[flat * bandwidth.shape[1] + succ]
     out = links.reshape(count, k).min(axis=1)
     if (links >= bound[flat]).all():  # every rank-order link as fast as its GPU's bound
         return out
@@ -286,9 +291,13 @@ def _matrix_state(bandwidth: np.ndarray) -> _State:
         return found[1]
     if len(_MATRICES) >= 4:
         _MATRICES.pop(next(iter(_MATRICES)))
+    if isinstance(bandwidth, LinkView):  # no matrix: a per-GPU upper bound, no flat copy
+        state: _State = (bandwidth.fabric.gpu_bounds(), np.zeros(0), {})
+        _MATRICES[id(bandwidth)] = (bandwidth, state)
+        return state
     # the diagonal (0) never exceeds a link, so whole rows and columns bound the rings
     bound = np.minimum(bandwidth.max(axis=1), bandwidth.max(axis=0))
-    state: _State = (bound, np.ascontiguousarray(bandwidth).ravel(), {})
+    state = (bound, np.ascontiguousarray(bandwidth).ravel(), {})
     _MATRICES[id(bandwidth)] = (bandwidth, state)
     return state
 

@@ -80,7 +80,7 @@ def avoid_failed_links(instance: Instance, plan: Plan, seed: int = 0) -> Plan:
     """
     cluster, g = instance.cluster, instance.cluster.gpus_per_node
     nodes = cluster.num_nodes
-    failed: np.ndarray = np.asarray(cluster.bandwidth_bytes_per_s) <= 0
+    failed: np.ndarray = np.asarray(cluster.matrix) <= 0
     np.fill_diagonal(failed, False)
     bad = np.asarray(failed.reshape(nodes, g, nodes, g).any(axis=(1, 3)))
     if not bad.any():

@@ -93,7 +93,7 @@ GAP_INSTANCES = (
 
 def _changed(cluster: ClusterSpec, built: Built) -> ClusterSpec:
     g, node = cluster.gpus_per_node, built.node
-    matrix = cluster.bandwidth_bytes_per_s.copy()
+    matrix = cluster.matrix.copy()
     mine = np.zeros(cluster.num_gpus, dtype=bool)
     mine[node * g : (node + 1) * g] = True
     cross = np.outer(mine, ~mine) | np.outer(~mine, mine)

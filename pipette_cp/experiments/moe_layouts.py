@@ -181,7 +181,7 @@ def oracle_part(time_limit_s: float = 4.0) -> None:
         node_bandwidth=np.full((2, 2), 12e9), intra_node=200e9, gpus_per_node=3, gpu=gpu,
         nics_per_node=1, nic_bandwidth_bytes_per_s=25e9,
     )  # fmt: skip
-    bw = cluster.bandwidth_bytes_per_s.copy()
+    bw = cluster.matrix.copy()
     for a, b in ((0, 1), (3, 4)):
         bw[a, b] = bw[b, a] = 2e9
     cluster = cluster.model_copy(update={"bandwidth_bytes_per_s": bw})

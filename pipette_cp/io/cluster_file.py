@@ -94,7 +94,7 @@ def cluster_from_mapping(data: dict[str, Any], where: str = "cluster") -> Cluste
     --------
     >>> c = cluster_from_mapping({"gpu": "h100", "gpus_per_node": 8, "num_nodes": 2,
     ...     "nominal": True, "inter_node_bandwidth_gb_per_s": 40, "nic_bandwidth_gb_per_s": 50})
-    >>> c.describe(), c.bandwidth_bytes_per_s[0, 8]
+    >>> c.describe(), c.matrix[0, 8]
     ('2 x 8 H100-SXM5-80GB, 8 NICs x 50.0 GB/s', np.float64(40000000000.0))
     """
     if not isinstance(data, dict):
@@ -362,7 +362,7 @@ def cluster_to_mapping(cluster: ClusterSpec, decimals: int | None = 3) -> dict[s
         out["node_groups"] = _Row(cluster.node_groups)
     if cluster.nodes_per_nvlink_domain > 1:
         out["nodes_per_nvlink_domain"] = cluster.nodes_per_nvlink_domain
-    blocks = cluster.bandwidth_bytes_per_s.reshape(n, g, n, g).transpose(0, 2, 1, 3)
+    blocks = cluster.matrix.reshape(n, g, n, g).transpose(0, 2, 1, 3)
     intra = blocks[0, 0]
     off = ~np.eye(g, dtype=bool)
     is_node_level = all(
@@ -371,9 +371,7 @@ def cluster_to_mapping(cluster: ClusterSpec, decimals: int | None = 3) -> dict[s
         for b in range(n)
     )
     if not is_node_level:
-        out["gpu_bandwidth_gb_per_s"] = [
-            _Row(gb(x) for x in row) for row in cluster.bandwidth_bytes_per_s
-        ]
+        out["gpu_bandwidth_gb_per_s"] = [_Row(gb(x) for x in row) for row in cluster.matrix]
         return out
     if g > 1:
         uniform = np.ptp(intra[off]) == 0 and intra[off][0] > 0  # a scalar 0 reads as unset

@@ -249,7 +249,7 @@ def _gpu_links(
     scorer: _Scorer, links: dict[tuple[int, int], tuple[str, ...]]
 ) -> list[LinkSensitivity]:
     cluster = scorer.instance.cluster
-    bw, n = cluster.bandwidth_bytes_per_s, cluster.num_gpus
+    bw, n = cluster.matrix, cluster.num_gpus
     return [
         LinkSensitivity(
             nodes=(cluster.node_of(a), cluster.node_of(b)),

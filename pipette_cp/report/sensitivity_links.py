@@ -31,7 +31,7 @@ def plan_links(instance: Instance, plan: Plan) -> dict[tuple[int, int], tuple[st
         if a != b:
             kinds.setdefault((min(a, b), max(a, b)), set()).add(kind)
 
-    bandwidth = instance.cluster.bandwidth_bytes_per_s  # TP rings in NCCL's order
+    bandwidth = instance.cluster.matrix  # TP rings in NCCL's order
     for kind, pairs in communication_pairs(plan, instance.model.tied_embeddings, bandwidth).items():
         for a, b in pairs:
             add(kind, a, b)
@@ -68,7 +68,7 @@ def scaled_instance(instance: Instance, mask: np.ndarray, factor: float) -> Inst
     if not factor > 0:
         raise SpecError("factor", factor, "must be positive (0 would fail the links)")
     cluster = instance.cluster
-    matrix = np.where(mask, cluster.bandwidth_bytes_per_s * factor, cluster.bandwidth_bytes_per_s)
+    matrix = np.where(mask, cluster.matrix * factor, cluster.matrix)
     matrix.flags.writeable = False
     scaled = cluster.model_copy(update={"bandwidth_bytes_per_s": matrix})
     return instance.model_copy(update={"cluster": scaled})

@@ -112,7 +112,7 @@ def cluster_table(cluster: ClusterSpec, slowest: int = 5) -> Group:
     nodes = cluster.node_matrix()
     g = cluster.gpus_per_node
     intra = [
-        cluster.bandwidth_bytes_per_s[np.ix_(cluster.gpus_of_node(n), cluster.gpus_of_node(n))]
+        cluster.links[np.ix_(cluster.gpus_of_node(n), cluster.gpus_of_node(n))]
         for n in range(cluster.num_nodes)
     ]
     intra_vals = (

@@ -78,7 +78,7 @@ def memory_check(instance: Instance, plan: Plan) -> MemoryCheck:
 def time_lower_bound(instance: Instance, plan: Plan) -> float:
     """Iteration time no split or placement of ``plan`` can beat (seconds)."""
     cluster = instance.cluster
-    bandwidth = cluster.bandwidth_bytes_per_s
+    bandwidth = cluster.links
     g = cluster.gpus_per_node
     intra = max(float(bandwidth[:g, :g].max()), 1.0) if g > 1 else 1.0
     fastest = max(cluster.gpu_types.values(), key=lambda gpu: gpu.peak_flops_per_s)

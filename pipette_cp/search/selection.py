@@ -19,11 +19,12 @@ import numpy as np
 
 from pipette_cp.checker import check_plan
 from pipette_cp.cost.evaluate import Evaluator
-from pipette_cp.errors import PipetteError
+from pipette_cp.errors import PipetteError, SpecError
 from pipette_cp.search.rerank import plan_time
 from pipette_cp.search.sweep import Candidate
 from pipette_cp.solvers import SolveOptions, get_method
 from pipette_cp.specs import ClusterSpec, Instance, Plan, SearchSpace, SolveInfo
+from pipette_cp.specs.plan import share_placement
 from pipette_cp.specs.selection import excluded_nodes, gpu_totals
 
 #: Skeletons on every usable GPU placed greedily for the idle-node report.
@@ -53,11 +54,15 @@ def restrict(instance: Instance) -> tuple[Instance, np.ndarray]:
     part of an NVLink domain, the sub-cluster's domains are single nodes (a tensor
     group then stays inside one tray)."""
     cluster, space = instance.cluster, instance.search_space
+    if cluster.fabric is not None:
+        raise SpecError("search_space.exclude_nodes", list(space.exclude_nodes),
+                        "a hierarchical fabric keeps its nodes: give the fabric without "
+                        "them (or leave them idle with use_all_gpus: false)")  # fmt: skip
     out = set(excluded_nodes(cluster, space))
     keep = [n for n in range(cluster.num_nodes) if n not in out]
     g = cluster.gpus_per_node
     gpus = np.array([n * g + k for n in keep for k in range(g)], dtype=np.int64)
-    matrix = cluster.bandwidth_bytes_per_s[np.ix_(gpus, gpus)]
+    matrix = cluster.matrix[np.ix_(gpus, gpus)]
     matrix.flags.writeable = False
     groups = cluster.node_groups
     sub = cluster.model_copy(
@@ -85,7 +90,11 @@ def node_preference(cluster: ClusterSpec) -> np.ndarray:
     n, g = cluster.num_nodes, cluster.gpus_per_node
     if n == 1:
         return np.zeros(1, dtype=np.int64)
-    bw = cluster.bandwidth_bytes_per_s
+    if cluster.fabric is not None:
+        sent, received = cluster.fabric.node_bandwidth_sums()
+        score = np.minimum(sent, received) / (n - 1)
+        return np.array(sorted(range(n), key=lambda k: (-score[k], k)), dtype=np.int64)
+    bw = cluster.links
     blocks = bw.reshape(n, g, n, g)
     diag = np.arange(n)
     intra = blocks[diag, :, diag, :]  # (n, g, g): each node's own block
@@ -174,16 +183,16 @@ def preferred_skeletons(instance: Instance, layouts: list[Plan]) -> list[Plan]:
     placement per (dp, pp, tp), shared by the skeletons of those degrees)."""
     cluster = instance.cluster
     order: np.ndarray | None = None
-    moved: dict[tuple[int, int, int], tuple[tuple[int, ...], ...]] = {}
+    moved: dict[tuple[int, int, int], tuple[tuple[int, ...], ...]] = {}  # by size and start
     out = []
     for plan in layouts:
         if plan.num_gpus == cluster.num_gpus:
             out.append(plan)
             continue
-        key = plan.placement_shape
+        key = (plan.num_gpus, plan.tp, id(plan.placement))  # placements are shared
         if key not in moved:
             order = node_preference(cluster) if order is None else order
-            moved[key] = on_preferred_nodes(plan, cluster, order).placement
+            moved[key] = share_placement(on_preferred_nodes(plan, cluster, order).placement)
         out.append(plan.model_copy(update={"placement": moved[key]}))
     return out
 

@@ -58,13 +58,13 @@ def planning_matrix(snapshots: Sequence[ClusterSpec], quantile: float = 1.0) -> 
     >>> import numpy as np
     >>> from pipette_cp.clusters.generators import generate_timeline
     >>> snaps = generate_timeline("failslow", nodes=2, seed=0, snapshots=3, gpus_per_node=2)
-    >>> stack = np.stack([s.bandwidth_bytes_per_s for s in snaps])
+    >>> stack = np.stack([s.matrix for s in snaps])
     >>> bool((planning_matrix(snaps) == stack.min(axis=0)).all())
     True
     """
     q = check_quantile(quantile)
     check_snapshots(snapshots)
-    stack = np.stack([s.bandwidth_bytes_per_s for s in snapshots])
+    stack = np.stack([s.matrix for s in snapshots])
     if q == 1.0:
         return stack.min(axis=0)
     return np.quantile(stack, 1.0 - q, axis=0)

@@ -109,7 +109,12 @@ def _state() -> dict[str, Any]:
 
 def repaired(instance: Instance) -> Instance:
     """``instance`` with every failed GPU pair at the slowest working bandwidth."""
+    if instance.cluster.fabric is not None:
+        fabric = instance.cluster.fabric.without_failures()
+        cluster = instance.cluster.model_copy(update={"fabric": fabric})
+        return instance.model_copy(update={"cluster": cluster})
     bw = instance.cluster.bandwidth_bytes_per_s
+    assert bw is not None
     off = ~np.eye(len(bw), dtype=bool)
     working = bw[off & (bw > 0)]
     fixed = np.where(off & (bw <= 0), float(working.min()) if working.size else 1.0, bw)

@@ -25,7 +25,9 @@ from pipette_cp.solvers.baselines.random_method import random_placement
 from pipette_cp.solvers.milp_engine import require_engine
 from pipette_cp.solvers.options import SolveOptions
 from pipette_cp.solvers.placement import PlainSeeder, solve_placement
+from pipette_cp.solvers.placement.build import MAX_MASTER_PLACES, master_places
 from pipette_cp.solvers.placement.data import PlacementData
+from pipette_cp.solvers.placement.repair import repair_placement
 from pipette_cp.solvers.split.guard import guard_optimal_claim
 from pipette_cp.solvers.split.solve import (
     Backend,
@@ -84,8 +86,25 @@ def exact_placement(
     backend: str = "cpsat",
     dp_algorithm: comm.Algorithm = "best",
 ) -> Plan:
-    """:func:`~pipette_cp.solvers.placement.solve_placement` warm-started by the baselines."""
+    """:func:`~pipette_cp.solvers.placement.solve_placement` warm-started by the baselines;
+    beyond the masters' size (:func:`~pipette_cp.solvers.placement.build.master_places`),
+    the plan's placement repaired off the fabric's exceptions (no bound)."""
+    if master_places(instance, plan) > MAX_MASTER_PLACES:
+        return large_placement(instance, plan, backend)
     return solve_placement(instance, plan, options, backend, dp_algorithm, BaselineSeeder())
+
+
+def large_placement(instance: Instance, plan: Plan, method: str) -> Plan:
+    """The placement of a plan beyond the masters: its own (Megatron's order on the
+    preferred nodes), repaired on a hierarchical fabric
+    (:func:`~pipette_cp.solvers.placement.repair.repair_placement`); ``feasible``, no bound."""
+    started = time.perf_counter()
+    evaluator = Evaluator(instance, validate=False)
+    placed = repair_placement(instance, plan, evaluator)
+    info = SolveInfo(method=f"{method} (repair: beyond the masters' {MAX_MASTER_PLACES} places)",
+                     status="feasible", objective=evaluator.iteration_time(placed),
+                     wall_time_s=time.perf_counter() - started)  # fmt: skip
+    return placed.model_copy(update={"solve_info": info})
 
 
 def _with_split(plan: Plan, result: SplitResult) -> Plan:

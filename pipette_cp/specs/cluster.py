@@ -8,10 +8,12 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pipette_cp.errors import SpecError
 from pipette_cp.specs._base import FrozenSpec, Matrix
 from pipette_cp.specs.gpu import GpuSpec
+from pipette_cp.specs.hierarchy import HierarchicalFabric
 from pipette_cp.units import GB
 
-#: Largest cluster the loaders and generators build (its GPU x GPU matrix alone is 2 GiB);
-#: a larger count is a typo or a unit mistake, rejected before any matrix is allocated.
+#: Largest cluster given as a dense matrix (the matrix alone is 2 GiB): a larger one is
+#: given as a :class:`~pipette_cp.specs.hierarchy.HierarchicalFabric` (``fabric``), whose
+#: memory grows with the nodes and the exceptions, not with the GPU pairs.
 MAX_GPUS = 16384
 
 #: Most GPUs (and NICs) in one node: the largest NVLink domains hold a few hundred GPUs.
@@ -76,8 +78,15 @@ class ClusterSpec(FrozenSpec):
         le=MAX_LINK_BYTES_PER_S,
         description="What one NIC delivers in one direction under load, bytes/s.",
     )
-    bandwidth_bytes_per_s: Matrix = Field(
-        description="GPU x GPU point-to-point bandwidth, bytes/s; off-diagonal 0 = failed pair."
+    bandwidth_bytes_per_s: Matrix | None = Field(
+        default=None,
+        description="GPU x GPU point-to-point bandwidth, bytes/s; off-diagonal 0 = failed pair "
+        "(or give fabric).",
+    )
+    fabric: HierarchicalFabric | None = Field(
+        default=None,
+        description="The links as switch levels plus sparse measured exceptions, instead of "
+        "the dense bandwidth matrix (clusters of any size).",
     )
     intra_node_latency_s: float = Field(
         default=5e-6,
@@ -124,7 +133,12 @@ class ClusterSpec(FrozenSpec):
 
     @model_validator(mode="after")
     def _matrix_is_sane(self) -> ClusterSpec:
-        matrix = self.bandwidth_bytes_per_s
+        if (self.bandwidth_bytes_per_s is None) == (self.fabric is None):
+            raise ValueError("give exactly one of bandwidth_bytes_per_s (a GPU x GPU matrix) "
+                             "and fabric (switch levels and exceptions)")  # fmt: skip
+        if self.fabric is not None:
+            return self._fabric_matches(self.fabric)
+        matrix = self.matrix
         n = self.num_gpus
         if matrix.shape != (n, n):
             raise ValueError(
@@ -156,10 +170,50 @@ class ClusterSpec(FrozenSpec):
         self._check_no_isolated_node()
         return self
 
+    def _fabric_matches(self, fabric: HierarchicalFabric) -> ClusterSpec:
+        for field in ("num_nodes", "gpus_per_node"):
+            if getattr(fabric, field) != getattr(self, field):
+                raise ValueError(f"fabric.{field}={getattr(fabric, field)} but the cluster's "
+                                 f"{field} is {getattr(self, field)}")  # fmt: skip
+        if self.nodes_per_nvlink_domain > 1:
+            raise ValueError("a hierarchical fabric has one NVLink domain per node: "
+                             "nodes_per_nvlink_domain must be 1")  # fmt: skip
+        n = self.num_nodes
+        failed = fabric.node_pairs.bandwidth_bytes_per_s <= 0
+        for ends, side in ((fabric.node_pairs.src, "outgoing"),
+                           (fabric.node_pairs.dst, "incoming")):  # fmt: skip
+            cut = np.flatnonzero(np.bincount(ends[failed], minlength=n) >= max(n - 1, 1))
+            if n > 1 and cut.size:
+                k = int(cut[0])
+                raise ValueError(f"node {k} ({self.node_names[k]}) has every {side} inter-node "
+                                 "link failed; drop it from the cluster")  # fmt: skip
+        return self
+
+    @property
+    def links(self) -> np.ndarray:
+        """The GPU x GPU bandwidth, bytes/s, for indexing: the dense matrix, or a
+        :class:`~pipette_cp.specs.hierarchy.LinkView` of the fabric (same indexing)."""
+        if self.fabric is not None:
+            return self.fabric.view()  # type: ignore[return-value]
+        return self.bandwidth_bytes_per_s  # type: ignore[return-value]
+
+    @property
+    def matrix(self) -> np.ndarray:
+        """The dense GPU x GPU bandwidth matrix, for what needs all of it (statistics,
+        comparisons, files): a hierarchical fabric's is built up to 4,096 GPUs."""
+        if self.bandwidth_bytes_per_s is not None:
+            return self.bandwidth_bytes_per_s
+        return np.asarray(self.links)
+
+    @property
+    def is_hierarchical(self) -> bool:
+        """Whether the links are a :class:`HierarchicalFabric` (no dense matrix)."""
+        return self.fabric is not None
+
     def _check_no_isolated_node(self) -> None:
         if self.num_nodes < 2:
             return
-        ok = self.bandwidth_bytes_per_s > 0
+        ok = self.matrix > 0
         for node in range(self.num_nodes):
             rows = np.arange(node * self.gpus_per_node, (node + 1) * self.gpus_per_node)
             outside = np.ones(self.num_gpus, dtype=bool)
@@ -179,12 +233,14 @@ class ClusterSpec(FrozenSpec):
             mine.pop("bandwidth_bytes_per_s"),
             theirs.pop("bandwidth_bytes_per_s"),
         )
-        return mine == theirs and np.array_equal(matrix, other_matrix)
+        if (matrix is None) != (other_matrix is None):
+            return False
+        return mine == theirs and (matrix is None or np.array_equal(matrix, other_matrix))
 
     def __hash__(self) -> int:
-        return hash(
-            (self.name, self.num_nodes, self.gpus_per_node, float(self.bandwidth_bytes_per_s.sum()))
-        )
+        links = self.bandwidth_bytes_per_s
+        return hash((self.name, self.num_nodes, self.gpus_per_node,
+                     float(links.sum()) if links is not None else hash(self.fabric)))  # fmt: skip
 
     # ----------------------------------------------------------------- helpers
     @property
@@ -222,20 +278,84 @@ class ClusterSpec(FrozenSpec):
 
     @property
     def failed_mask(self) -> np.ndarray:
-        """Boolean GPU x GPU matrix, True where an off-diagonal pair has failed."""
-        mask = self.bandwidth_bytes_per_s <= 0
+        """Boolean GPU x GPU matrix, True where an off-diagonal pair has failed (dense
+        clusters; :meth:`pair_failed` asks about given pairs on any cluster)."""
+        mask = np.asarray(self.links) <= 0
         np.fill_diagonal(mask, False)
         return mask
 
+    @property
+    def has_failed_pairs(self) -> bool:
+        """Whether some off-diagonal GPU pair has failed."""
+        if self.fabric is not None:
+            return bool((self.fabric.node_pairs.bandwidth_bytes_per_s <= 0).any()
+                        or (self.fabric.gpu_pairs.bandwidth_bytes_per_s <= 0).any())  # fmt: skip
+        return bool(self.failed_mask.any())
+
+    def pair_failed(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Whether each ordered GPU pair ``src[i] -> dst[i]`` (i != j) has failed."""
+        src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        return (self.links[src, dst] <= 0) & (src != dst)
+
     def failed_pairs(self) -> list[tuple[int, int]]:
         """Ordered GPU pairs (i, j), i != j, that must not carry traffic."""
+        if self.fabric is not None:
+            f, g = self.fabric, self.gpus_per_node
+            nodes = f.node_pairs.bandwidth_bytes_per_s <= 0
+            local = np.arange(g)
+            src = (f.node_pairs.src[nodes, None, None] * g + local[:, None]).repeat(g, axis=2)
+            dst = (f.node_pairs.dst[nodes, None, None] * g + local[None, :]).repeat(g, axis=1)
+            gpus = f.gpu_pairs.bandwidth_bytes_per_s <= 0
+            pairs = {(int(a), int(b)) for a, b in zip(src.ravel(), dst.ravel(), strict=True)}
+            pairs |= {(int(a), int(b)) for a, b in
+                      zip(f.gpu_pairs.src[gpus], f.gpu_pairs.dst[gpus], strict=True)}  # fmt: skip
+            return sorted(p for p in pairs if self.links[p[0], p[1]] <= 0)
         return [(int(i), int(j)) for i, j in np.argwhere(self.failed_mask)]
+
+    def fastest_link_bytes_per_s(self) -> float:
+        """The fastest GPU pair's bandwidth, bytes/s (1 for a single GPU)."""
+        if self.fabric is not None:
+            f = self.fabric
+            values = [lv.bandwidth_bytes_per_s for lv in f.levels]
+            values += [f.nvlink_bandwidth_bytes_per_s] * (f.gpus_per_node > 1)
+            for pairs in (f.node_pairs, f.gpu_pairs):
+                values += [float(pairs.bandwidth_bytes_per_s.max(initial=0.0))]
+            return max(values) if self.num_gpus > 1 else 1.0
+        bandwidth = self.bandwidth_bytes_per_s
+        assert bandwidth is not None
+        return float(bandwidth.max()) if bandwidth.size > 1 else 1.0
+
+    def fastest_links_bytes_per_s(self) -> tuple[float, float]:
+        """The fastest GPU pair inside a node and between two nodes, bytes/s (0: none;
+        the inter-node value falls back to the intra-node one on one node)."""
+        g = self.gpus_per_node
+        if self.fabric is not None:
+            f = self.fabric
+            intra = f.nvlink_bandwidth_bytes_per_s if g > 1 else 0.0
+            inter = max([lv.bandwidth_bytes_per_s for lv in f.levels] if self.num_nodes > 1
+                        else [0.0])  # fmt: skip
+            inter = max(inter, float(f.node_pairs.bandwidth_bytes_per_s.max(initial=0.0)))
+            gp = f.gpu_pairs
+            same = gp.src // g == gp.dst // g
+            intra = max(intra, float(gp.bandwidth_bytes_per_s[same].max(initial=0.0)))
+            inter = max(inter, float(gp.bandwidth_bytes_per_s[~same].max(initial=0.0)))
+        else:
+            bw = np.asarray(self.bandwidth_bytes_per_s)
+            node = np.arange(self.num_gpus) // g
+            same = node[:, None] == node[None, :]
+            intra = float(bw[same].max(initial=0.0))
+            inter = float(bw[~same].max(initial=0.0))
+        return intra, inter or intra
 
     def node_matrix(self) -> np.ndarray:
         """Node x node bandwidth: the mean over the healthy GPU pairs of each node pair
         (0 where all failed); the diagonal holds the mean intra-node bandwidth."""
+        if self.fabric is not None:
+            raise SpecError("cluster.fabric", f"{self.num_nodes} nodes", "the node x node "
+                            "matrix of a hierarchical fabric is not built (N^2 memory): a "
+                            "method that needs it (amp, pipette-sa) takes a dense matrix")  # fmt: skip
         g, n = self.gpus_per_node, self.num_nodes
-        blocks = self.bandwidth_bytes_per_s.reshape(n, g, n, g).transpose(0, 2, 1, 3)
+        blocks = self.matrix.reshape(n, g, n, g).transpose(0, 2, 1, 3)
         healthy = blocks > 0
         counts = healthy.sum(axis=(2, 3))
         sums = np.where(healthy, blocks, 0.0).sum(axis=(2, 3))

@@ -26,6 +26,25 @@ from pipette_cp.specs._base import FrozenSpec
 MAX_HIERARCHY_GPUS = 1 << 24
 
 
+class _ArraySpec(FrozenSpec):
+    """A spec holding numpy arrays: equal when every field is (arrays element-wise)."""
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(
+            np.array_equal(mine, theirs) if isinstance(mine, np.ndarray) else mine == theirs
+            for mine, theirs in ((getattr(self, f), getattr(other, f))
+                                 for f in type(self).model_fields)
+        )  # fmt: skip
+
+    def __hash__(self) -> int:
+        return hash(tuple(
+            (v.size, float(v.sum())) if isinstance(v, np.ndarray) else hash(v)
+            for v in (getattr(self, f) for f in type(self).model_fields)
+        ))  # fmt: skip
+
+
 class FabricLevel(FrozenSpec):
     """One level of switches above the nodes."""
 
@@ -61,7 +80,7 @@ Values = Annotated[
 ]  # fmt: skip
 
 
-class NodeExceptions(FrozenSpec):
+class NodeExceptions(_ArraySpec):
     """Nodes whose NICs deliver ``nic_factor`` of the nominal inter-node bandwidth."""
 
     node: Ids = Field(default_factory=lambda: np.zeros(0, np.int64), description="Node indices.")
@@ -70,7 +89,7 @@ class NodeExceptions(FrozenSpec):
     )
 
 
-class PairExceptions(FrozenSpec):
+class PairExceptions(_ArraySpec):
     """Measured pairs (of nodes or of GPUs) ``src[i] -> dst[i]``: bandwidth, 0 = failed."""
 
     src: Ids = Field(default_factory=lambda: np.zeros(0, np.int64), description="Sources.")
@@ -80,7 +99,7 @@ class PairExceptions(FrozenSpec):
     )
 
 
-class HierarchicalFabric(FrozenSpec):
+class HierarchicalFabric(_ArraySpec):
     """Nodes of ``gpus_per_node`` GPUs in nested switch levels, plus exceptions."""
 
     num_nodes: int = Field(gt=0, description="Number of nodes.")
@@ -169,9 +188,11 @@ class HierarchicalFabric(FrozenSpec):
         """Innermost level holding both GPUs' nodes (-1: the same node)."""
         t = self._tables()
         a, b = np.asarray(src) // self.gpus_per_node, np.asarray(dst) // self.gpus_per_node
-        apart = (a[..., None] // t["sizes"]) != (b[..., None] // t["sizes"])
-        level = apart.sum(axis=-1)  # groups nest: the levels apart are the innermost ones
-        return np.where(a == b, -1, level)
+        # groups nest: the levels apart are the innermost ones; the last holds every node
+        level = np.where(a == b, -1, 0).astype(np.int8)
+        for size in t["sizes"][:-1].tolist():
+            level += (a // size) != (b // size)
+        return level
 
     def bandwidth(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """Bandwidth of every stream ``src[i] -> dst[i]`` (GPU ids), bytes/s (0: failed;
@@ -202,9 +223,99 @@ class HierarchicalFabric(FrozenSpec):
         ids = np.arange(self.num_gpus)
         return self.bandwidth(ids[:, None], ids[None, :])
 
+    def node_bandwidth_sums(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per node, the sum over the other nodes of the mean GPU-pair bandwidth to them
+        (sent) and from them (received), bytes/s: O(nodes x (levels + slow NICs) +
+        exceptions), no pair table."""
+        t, n, g = self._tables(), self.num_nodes, self.gpus_per_node
+        nodes = np.arange(n)
+        factor = t["factor"]
+        sent = np.zeros(n)
+        inner = 1  # nodes of the group below: the ones met before this level
+        for size, bw in zip(t["sizes"], t["level_bw"], strict=True):
+            sent += (size - inner) * bw * factor  # every partner first met at this level
+            inner = int(size)
+        # a slow partner b caps the pair at min(f_a, f_b): correct those pairs
+        for b, fb in zip(self.slow_nics.node.tolist(), self.slow_nics.nic_factor.tolist(),
+                         strict=True):  # fmt: skip
+            level = self.level_of(nodes * g, np.full(n, b * g))
+            bw = t["level_bw"][np.maximum(level, 0)]
+            fix = np.where(level >= 0, bw * (np.minimum(factor, fb) - factor), 0.0)
+            sent += fix
+        received = sent.copy()  # the nominal part is symmetric
+        pairs = self.node_pairs
+        if pairs.src.size:  # a measured node pair replaces its nominal value
+            nominal = self._nominal(pairs.src, pairs.dst)
+            delta = pairs.bandwidth_bytes_per_s - nominal
+            sent += np.bincount(pairs.src, delta, minlength=n)
+            received += np.bincount(pairs.dst, delta, minlength=n)
+        gp = self.gpu_pairs
+        if gp.src.size:  # a GPU pair moves its node pair's mean by its change / g^2
+            a, b = gp.src // g, gp.dst // g
+            apart = a != b
+            before = self.bandwidth(gp.src, gp.dst)  # with the GPU exception itself ...
+            without = self._without_gpu_pairs(gp.src, gp.dst)
+            delta = np.where(apart, (before - without) / (g * g), 0.0)
+            sent += np.bincount(a, delta, minlength=n)
+            received += np.bincount(b, delta, minlength=n)
+        return sent, received
+
+    def _nominal(self, src_nodes: np.ndarray, dst_nodes: np.ndarray) -> np.ndarray:
+        """Level bandwidth x the slower NIC factor of node pairs (no pair exceptions)."""
+        t, g = self._tables(), self.gpus_per_node
+        level = self.level_of(src_nodes * g, dst_nodes * g)
+        bw = t["level_bw"][np.maximum(level, 0)]
+        return bw * np.minimum(t["factor"][src_nodes], t["factor"][dst_nodes])
+
+    def _without_gpu_pairs(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """What GPU pairs between two nodes would get from their node pair alone."""
+        t, g, n = self._tables(), self.gpus_per_node, self.num_nodes
+        a, b = src // g, dst // g
+        out = self._nominal(a, b)
+        return _override(out, a * n + b, t["node_keys"], t["node_bw"], a != b)
+
+    def without_failures(self) -> HierarchicalFabric:
+        """This fabric with every failed pair at the slowest working bandwidth."""
+        t = self._tables()
+        working = [float(t["level_bw"].min() * t["factor"].min())]
+        if self.gpus_per_node > 1:
+            working.append(self.nvlink_bandwidth_bytes_per_s)
+        for pairs in (self.node_pairs, self.gpu_pairs):
+            bw = pairs.bandwidth_bytes_per_s
+            working.append(float(bw[bw > 0].min(initial=np.inf)))
+        slowest = min(working)
+        update = {
+            field: pairs.model_copy(update={"bandwidth_bytes_per_s": np.where(
+                pairs.bandwidth_bytes_per_s > 0, pairs.bandwidth_bytes_per_s, slowest)})
+            for field, pairs in (("node_pairs", self.node_pairs), ("gpu_pairs", self.gpu_pairs))
+        }  # fmt: skip
+        return self.model_copy(update=update)
+
+    def view(self) -> LinkView:
+        """The fabric's :class:`LinkView` (one per fabric, so caches keyed on it hold)."""
+        t = self._tables()
+        if "view" not in t:
+            t["view"] = LinkView(self)  # type: ignore[assignment]
+        return t["view"]  # type: ignore[return-value]
+
+    def gpu_bounds(self) -> np.ndarray:
+        """Per GPU, an upper bound on its fastest outgoing and its fastest incoming link,
+        bytes/s: NVLink, the fastest level at its NICs' factor, its exceptions."""
+        t, g = self._tables(), self.gpus_per_node
+        node = np.maximum(t["level_bw"].max() * t["factor"], 0.0)
+        node = np.maximum(node, self.nvlink_bandwidth_bytes_per_s if g > 1 else 0.0)
+        for pairs in (self.node_pairs,):
+            np.maximum.at(node, pairs.src, pairs.bandwidth_bytes_per_s)
+            np.maximum.at(node, pairs.dst, pairs.bandwidth_bytes_per_s)
+        out = np.repeat(node, g)
+        gp = self.gpu_pairs
+        np.maximum.at(out, gp.src, gp.bandwidth_bytes_per_s)
+        np.maximum.at(out, gp.dst, gp.bandwidth_bytes_per_s)
+        return out
+
     def memory_bytes(self) -> int:
         """Bytes of the lookup tables (what a query needs besides its own arrays)."""
-        return int(sum(a.nbytes for a in self._tables().values()))
+        return int(sum(a.nbytes for a in self._tables().values() if isinstance(a, np.ndarray)))
 
 
 def _check_ids(field: str, ids: np.ndarray, top: int, what: str) -> None:
@@ -227,3 +338,58 @@ def _override(out: np.ndarray, keys: np.ndarray, table: np.ndarray, values: np.n
     pos = np.clip(np.searchsorted(table, keys), 0, table.size - 1)
     hit = (table[pos] == keys) & where
     return np.where(hit, values[pos], out)
+
+
+#: Largest hierarchical cluster whose GPU x GPU matrix :class:`LinkView` builds on request
+#: (a whole-matrix operation on a larger one is refused: it would need N^2 memory).
+MAX_DENSE_VIEW_GPUS = 4096
+
+
+class LinkView:
+    """The bandwidth "matrix" of a :class:`HierarchicalFabric`, read by indexing.
+
+    ``view[src, dst]`` with integer arrays (broadcast as numpy's advanced indexing,
+    ``np.ix_`` included), integers or slices answers from the fabric's tables without
+    building the matrix, so the cost model's gathers work on it as on the dense
+    ``ClusterSpec.bandwidth_bytes_per_s``; ``np.asarray(view)`` builds the matrix only up
+    to :data:`MAX_DENSE_VIEW_GPUS` GPUs.
+    """
+
+    __slots__ = ("fabric",)
+
+    def __init__(self, fabric: HierarchicalFabric) -> None:
+        self.fabric = fabric
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        n = self.fabric.num_gpus
+        return n, n
+
+    ndim = 2
+    dtype = np.dtype(np.float64)
+
+    def __len__(self) -> int:
+        return self.fabric.num_gpus
+
+    def __getitem__(self, key: Any) -> Any:
+        if not (isinstance(key, tuple) and len(key) == 2):
+            raise IndexError("index a link view by a (source, destination) pair")
+        n = self.fabric.num_gpus
+        parts = [np.arange(n)[k] if isinstance(k, slice) else np.asarray(k, dtype=np.int64)
+                 for k in key]  # fmt: skip
+        src, dst = parts
+        if isinstance(key[0], slice) and isinstance(key[1], slice):
+            src, dst = src[:, None], dst[None, :]  # basic indexing: the outer block
+        elif isinstance(key[0], slice) or isinstance(key[1], slice):
+            src = src.reshape(src.shape + (1,) * dst.ndim)  # one slice: an outer product
+        out = self.fabric.bandwidth(*np.broadcast_arrays(src, dst))
+        return out if out.ndim else float(out)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        n = self.fabric.num_gpus
+        if n > MAX_DENSE_VIEW_GPUS:
+            raise SpecError("cluster.fabric", f"{n} GPUs",
+                            "this operation needs the GPU x GPU matrix, built only up to "
+                            f"{MAX_DENSE_VIEW_GPUS} GPUs of a hierarchical fabric")  # fmt: skip
+        dense = self.fabric.dense()
+        return dense if dtype is None else dense.astype(dtype)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 
-from pipette_cp.specs.plan import Plan
+from pipette_cp.specs.plan import Plan, share_placement
 from pipette_cp.specs.training import FUSED_ATTENTION, AttentionKernel, Recompute, Sharding
 
 
@@ -35,20 +35,22 @@ def even_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, ...]:
     return tuple(split)
 
 
-@functools.lru_cache(maxsize=256)
 def megatron_placement(dp: int, pp: int, tp: int) -> tuple[tuple[int, ...], ...]:
     """Units (stage * dp + replica) -> GPUs under Megatron's tp-dp-pp rank order (with
-    context parallelism pass dp * cp: the order is tp-cp-dp-pp)
-    (cached: the search builds one per layout, and layouts share their degrees).
+    context parallelism pass dp * cp: the order is tp-cp-dp-pp): unit ``u`` holds GPUs
+    ``tp u .. tp u + tp - 1``, so the placement depends on ``dp x pp`` and ``tp`` only
+    and is shared by every layout of that size (a search builds one per layout: at
+    100,000 GPUs each is megabytes).
 
     >>> megatron_placement(dp=2, pp=2, tp=2)
     ((0, 1), (2, 3), (4, 5), (6, 7))
     """
-    return tuple(
-        tuple(tp * (replica + dp * stage) + t for t in range(tp))
-        for stage in range(pp)
-        for replica in range(dp)
-    )
+    return _chunks(dp * pp, tp)
+
+
+@functools.cache
+def _chunks(units: int, tp: int) -> tuple[tuple[int, ...], ...]:
+    return share_placement(tuple(tuple(range(tp * u, tp * u + tp)) for u in range(units)))
 
 
 def make_plan(

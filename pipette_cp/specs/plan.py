@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from typing import Annotated, Any
+
+from pydantic import Field, ValidatorFunctionWrapHandler, WrapValidator, model_validator
 
 from pipette_cp.specs._base import FrozenSpec
 from pipette_cp.specs.training import FUSED_ATTENTION, AttentionKernel, Recompute, Sharding
@@ -61,6 +63,22 @@ class SolveInfo(FrozenSpec):
     bound: float | None = Field(default=None, description="Best proven lower bound, s.")
     gap: float | None = Field(default=None, ge=0, description="(objective - bound) / objective.")
     wall_time_s: float = Field(default=0.0, ge=0, description="Solver wall time, s.")
+
+
+#: ids of placements built once and shared by many plans (:func:`share_placement`)
+_SHARED: dict[int, tuple[tuple[int, ...], ...]] = {}
+
+
+def share_placement(placement: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    """Mark ``placement`` (a tuple of int tuples, kept alive here) as one that plans take
+    as it is, without the copy validation makes: the search builds thousands of plans on
+    a few placements, each megabytes at 100,000 GPUs."""
+    _SHARED[id(placement)] = placement
+    return placement
+
+
+def _keep_shared(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    return value if _SHARED.get(id(value)) is value else handler(value)
 
 
 #: Layout labels of the sharding levels that shard more than the optimizer.
@@ -130,7 +148,7 @@ class Plan(FrozenSpec):
     )
     flash_attention: bool = Field(default=True, description="FlashAttention kernels.")
     layer_split: tuple[int, ...] = Field(description="Layers per model chunk, length pp * vpp.")
-    placement: tuple[tuple[int, ...], ...] = Field(
+    placement: Annotated[tuple[tuple[int, ...], ...], WrapValidator(_keep_shared)] = Field(
         description="GPUs of each unit (stage * dp + replica), tp of them each."
     )
     instance: str = Field(

@@ -13,6 +13,8 @@ import contextlib
 import math
 import time
 
+import numpy as np
+
 from pipette_cp.checker.checks import check_plan, communication_pairs
 from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.errors import LayoutError, PipetteError
@@ -85,13 +87,12 @@ def finish_plan(
 
 def failed_pairs_used(instance: Instance, plan: Plan) -> int:
     """Number of ordered failed GPU pairs that ``plan`` sends data over (any traffic class)."""
-    failed = instance.cluster.failed_mask
-    if not failed.any():
+    cluster = instance.cluster
+    if not cluster.has_failed_pairs:
         return 0
-    pairs = communication_pairs(
-        plan, instance.model.tied_embeddings, instance.cluster.bandwidth_bytes_per_s
-    )
-    return sum(bool(failed[a, b]) for kind in pairs.values() for a, b in kind)
+    pairs = communication_pairs(plan, instance.model.tied_embeddings, cluster.links)
+    ends = np.array([p for kind in pairs.values() for p in kind], dtype=np.int64).reshape(-1, 2)
+    return int(cluster.pair_failed(ends[:, 0], ends[:, 1]).sum())
 
 
 def best_of(

@@ -22,9 +22,14 @@ from pipette_cp.errors import InfeasibleError
 from pipette_cp.solvers.baselines.common import best_of, finish_plan
 from pipette_cp.solvers.baselines.megatron_default import node_packed_placements
 from pipette_cp.solvers.options import SolveOptions
-from pipette_cp.solvers.placement.build import build_placement_data
+from pipette_cp.solvers.placement.build import (
+    MAX_MASTER_PLACES,
+    build_placement_data,
+    master_places,
+)
 from pipette_cp.solvers.placement.data import PlacementData
 from pipette_cp.solvers.placement.local_search import local_search
+from pipette_cp.solvers.placement.repair import repair_placement
 from pipette_cp.specs import Instance, Plan
 
 #: Walk starts tried (the best-connected node, then seeded random ones).
@@ -126,6 +131,11 @@ def greedy(instance: Instance, skeleton: Plan, options: SolveOptions) -> Plan:
         tp does not divide gpus_per_node, or too many units for the cluster.
     """
     started = time.perf_counter()
+    if master_places(instance, skeleton) > MAX_MASTER_PLACES:  # no place x place tables
+        placed = repair_placement(instance, skeleton)
+        return finish_plan(skeleton, layer_split=skeleton.layer_split,
+                           placement=placed.placement, method="greedy (repair)",
+                           objective_s=None, started_at=started)  # fmt: skip
     data = build_placement_data(instance, skeleton)
     found = greedy_assignments(data, options.seed)
     if not found:  # every walk crosses a failed link: move the culprits

@@ -38,6 +38,12 @@ from pipette_cp.specs import Instance, Plan
 from pipette_cp.specs.training import GRADIENT_SHARDING
 from pipette_cp.units import BYTES_PER_ELEMENT
 
+#: Most places (nodes, or tensor-group slots where a node's GPUs differ) the exact
+#: masters take: their place x place tables (pair bandwidth, latency, NIC sharing) hold
+#: a million entries each at 1,024 places, and a 2,048-place master already spends a
+#: 60 s budget on one layout.
+MAX_MASTER_PLACES = 1024
+
 
 def tensor_slots(instance: Instance, tp: int, aligned: bool = False) -> tuple[np.ndarray, bool]:
     """The slots of ``tp``-GPU units, (count, tp) GPU ids by node, each slot ascending,
@@ -62,7 +68,7 @@ def tensor_slots(instance: Instance, tp: int, aligned: bool = False) -> tuple[np
             "plan.tp", tp, f"tp={tp} does not divide gpus_per_node={g}: "
             "placement slots are tp-aligned blocks of one node",
         )  # fmt: skip
-    bw = c.bandwidth_bytes_per_s
+    bw = c.links
     if tp > g:  # aligned blocks of whole nodes of one domain (of one GPU type, to be alike)
         slots, per = np.arange(c.num_gpus).reshape(-1, tp), c.nodes_per_nvlink_domain
         complete = all(
@@ -83,11 +89,22 @@ def tensor_slots(instance: Instance, tp: int, aligned: bool = False) -> tuple[np
     return np.concatenate(cuts), complete
 
 
+def master_places(instance: Instance, plan: Plan) -> int:
+    """Places the exact masters would take for ``plan``: nodes where their GPUs are
+    interchangeable, tensor-group slots elsewhere (compare :data:`MAX_MASTER_PLACES`)."""
+    c = instance.cluster
+    if plan.tp <= c.gpus_per_node and node_uniform(instance):
+        return c.num_nodes
+    return c.num_gpus // plan.tp
+
+
 def node_uniform(instance: Instance) -> bool:
     """Whether every node pair's GPU block, and every node's off-diagonal block, is constant."""
     c = instance.cluster
     n, g = c.num_nodes, c.gpus_per_node
-    blocks = c.bandwidth_bytes_per_s.reshape(n, g, n, g).transpose(0, 2, 1, 3)
+    if c.fabric is not None:  # levels and node pairs are node-uniform; GPU pairs are not
+        return not c.fabric.gpu_pairs.src.size
+    blocks = c.matrix.reshape(n, g, n, g).transpose(0, 2, 1, 3)
     same = blocks == blocks[:, :, :1, :1]
     diag = np.arange(n)
     if g > 1:
@@ -118,7 +135,7 @@ def build_placement_data(
         raise LayoutError(
             "plan.dp*pp", pp * dp, f"{pp * dp} units of tp={tp} but only {len(slots)} slots"
         )
-    bw = c.bandwidth_bytes_per_s
+    bw = c.links
     # each slot's TP ring in NCCL's order, as the Evaluator charges it (cost.rings)
     tp_bw = ring_bandwidths(bw, slots) if tp > 1 else np.full(len(slots), np.inf)
     usable = tp_bw > 0
@@ -131,6 +148,12 @@ def build_placement_data(
     else:
         place_slots = [np.array([s]) for s in np.flatnonzero(usable)]
         rep = np.flatnonzero(usable)
+    if len(rep) > MAX_MASTER_PLACES:
+        raise LayoutError(
+            "plan.dp*pp", pp * dp, f"{len(rep)} places: the exact placement masters take at "
+            f"most {MAX_MASTER_PLACES} (the place-pair tables grow with their square); larger "
+            "clusters are placed by the heuristics",
+        )  # fmt: skip
     capacity = np.array([len(s) for s in place_slots], dtype=np.int64)
     if 0 < capacity.sum() < pp * dp:
         raise InfeasibleError(

@@ -46,7 +46,7 @@ def group_worst_x(data: PlacementData) -> dict[int, float]:
     if g is None:
         return out
     c = data.instance.cluster
-    bw = c.bandwidth_bytes_per_s
+    bw = c.links
     slowest = float(bw[bw > 0].min()) if (bw > 0).any() else 1.0
     per_byte = max(1.0 / slowest, c.gpus_per_node / data.nic_capacity)
     for i in xi.a2a:

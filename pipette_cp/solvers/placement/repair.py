@@ -1,0 +1,174 @@
+"""Placement on hierarchical fabrics too large for the exact masters.
+
+Start from the plan's own placement (Megatron's rank order on the preferred nodes),
+then swap tensor groups between positions (of one stage, or of two) so that the
+data-parallel ring links (position ``r`` to ``r + 1``, per tensor rank) and the
+pipeline hops (stage ``s`` to ``s + 1`` at one position, and the last stage to the
+first with interleaving or tied embeddings) leave the fabric's exceptions: degraded or failed node and
+GPU pairs, which :class:`~pipette_cp.specs.hierarchy.HierarchicalFabric` stores
+sparsely.  A link's *excess* is ``1 / bandwidth - 1 / nominal``, its time per byte
+over what its switch level gives without exceptions (a failed link counts
+:data:`FAILED_EXCESS`); a swap is kept when it lowers the summed excess of the links
+it touches.  Memory is O(units) and every swap reads a handful of links, so a
+100,000-GPU plan is repaired in seconds; the evaluator has the last word (the repaired
+placement is returned only if it is at least as fast).  Slow NICs are not movable by
+these swaps (a node's links all slow down wherever it sits): the node preference of
+the search leaves them idle where a layout does not need every node.
+
+Scope: tensor groups inside one node (``tp <= gpus_per_node``), no context
+parallelism and no experts (their groups cut across positions); other plans come
+back unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.cost.layout_check import placement_array
+from pipette_cp.errors import PipetteError
+from pipette_cp.specs import Instance, Plan
+from pipette_cp.specs.hierarchy import HierarchicalFabric
+
+#: Excess of a failed link (s/byte): above any degraded one.
+FAILED_EXCESS = 1.0
+
+#: Swap partners tried per link with an excess, and passes over all such links.
+TRIES = 24
+PASSES = 3
+
+
+def repairable(instance: Instance, plan: Plan) -> bool:
+    """Whether :func:`repair_placement` can move ``plan``'s tensor groups."""
+    c = instance.cluster
+    return (c.fabric is not None and plan.tp <= c.gpus_per_node and plan.cp == 1
+            and not instance.model.is_moe and plan.replicas > 1)  # fmt: skip
+
+
+class _Links:
+    """Excess of unit-to-unit links (the slowest of the ``tp`` rank-to-rank flows)."""
+
+    def __init__(self, fabric: HierarchicalFabric) -> None:
+        self.fabric = fabric
+        t = fabric._tables()
+        self.level_bw = t["level_bw"]
+
+    def excess(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Per pair of unit GPU arrays ``a[i], b[i]`` (..., tp), the excess, s/byte."""
+        f = self.fabric
+        bw = f.bandwidth(a, b).min(axis=-1)
+        level = f.level_of(a[..., 0], b[..., 0])
+        nominal = np.where(level < 0, f.nvlink_bandwidth_bytes_per_s,
+                           self.level_bw[np.maximum(level, 0)])  # fmt: skip
+        with np.errstate(divide="ignore"):
+            out = np.where(bw > 0, 1.0 / bw - 1.0 / nominal, FAILED_EXCESS)
+        return np.maximum(out, 0.0)
+
+
+def _touched(s: int, r: int, pp: int, dp: int, wrap: bool) -> list[tuple[int, int, int, int]]:
+    """The links (stage, position) -> (stage, position) that position ``r`` of stage ``s``
+    takes part in: its two ring neighbours and its pipeline hops."""
+    out = [(s, (r - 1) % dp, s, r), (s, r, s, (r + 1) % dp)]
+    if s > 0 or wrap:
+        out.append(((s - 1) % pp, r, s, r))
+    if s < pp - 1 or wrap:
+        out.append((s, r, (s + 1) % pp, r))
+    return out
+
+
+def _excess_of(links: _Links, units: np.ndarray, touched: list) -> float:
+    if not touched:
+        return 0.0
+    idx = np.array(touched, dtype=np.int64)
+    a, b = units[idx[:, 0], idx[:, 1]], units[idx[:, 2], idx[:, 3]]
+    # a hop carries activations one way and their gradients back: both directions count
+    hop = idx[:, 0] != idx[:, 2]
+    there = links.excess(a, b)
+    back = links.excess(b, a)
+    return float(there.sum() + back[hop].sum())
+
+
+def all_links(plan: Plan, wrap: bool) -> np.ndarray:
+    """Every ring link and hop of ``plan`` as (stage, position, stage, position) rows."""
+    pp, dp = plan.pp, plan.replicas
+    s, r = np.meshgrid(np.arange(pp), np.arange(dp), indexing="ij")
+    ring = np.stack([s, r, s, (r + 1) % dp], axis=-1).reshape(-1, 4)
+    last = pp if wrap else pp - 1
+    hs, hr = np.meshgrid(np.arange(last), np.arange(dp), indexing="ij")
+    hops = np.stack([hs, hr, (hs + 1) % pp, hr], axis=-1).reshape(-1, 4)
+    return np.concatenate((ring, hops)) if pp > 1 else ring
+
+
+def _swap(units: np.ndarray, s: int, r: int, s2: int, r2: int) -> None:
+    units[s, r], units[s2, r2] = units[s2, r2].copy(), units[s, r].copy()
+
+
+def _wraps(instance: Instance, plan: Plan) -> bool:
+    """Whether the last stage talks to the first: interleaved chunks hop around, and
+    tied embeddings all-reduce their gradient between the two."""
+    return plan.pp > 1 and (plan.vpp > 1 or instance.model.tied_embeddings)
+
+
+def repair_units(instance: Instance, plan: Plan, seed: int = 0) -> tuple[np.ndarray, float, float]:
+    """The swapped units (pp, replicas, tp) and the summed excess before and after."""
+    assert instance.cluster.fabric is not None
+    links = _Links(instance.cluster.fabric)
+    units = placement_array(plan).copy()
+    pp, dp = plan.pp, plan.replicas
+    wrap = _wraps(instance, plan)
+    rng = np.random.default_rng(seed)
+    rows = all_links(plan, wrap)
+
+    def total() -> tuple[float, np.ndarray]:
+        a, b = units[rows[:, 0], rows[:, 1]], units[rows[:, 2], rows[:, 3]]
+        e = links.excess(a, b) + np.where(rows[:, 0] != rows[:, 2], links.excess(b, a), 0.0)
+        return float(e.sum()), e
+
+    before, excess = total()
+    for _ in range(PASSES):
+        bad = rows[excess > 0]
+        if not len(bad):
+            break
+        moved = False
+        for row in bad[rng.permutation(len(bad))]:
+            s, r = (int(row[0]), int(row[1])) if rng.random() < 0.5 else (int(row[2]), int(row[3]))
+            stages = np.where(rng.random(TRIES) < 0.5, s, rng.integers(0, pp, TRIES))
+            for s2, r2 in zip(stages.tolist(), rng.integers(0, dp, TRIES).tolist(), strict=True):
+                if (s2, r2) == (s, r):
+                    continue
+                touched = list(dict.fromkeys(_touched(s, r, pp, dp, wrap)
+                                             + _touched(s2, r2, pp, dp, wrap)))  # fmt: skip
+                old = _excess_of(links, units, touched)
+                _swap(units, s, r, s2, r2)
+                if _excess_of(links, units, touched) < old - 1e-18:
+                    moved = True
+                    break
+                _swap(units, s, r, s2, r2)  # undo
+        _, excess = total()
+        if not moved:
+            break
+    after, _ = total()
+    return units, before, after
+
+
+def repair_placement(
+    instance: Instance, plan: Plan, evaluator: Evaluator | None = None, seed: int = 0
+) -> Plan:
+    """``plan`` with its tensor groups moved off the fabric's exceptions (see the module
+    docstring); ``plan`` itself when nothing moved or the evaluator finds it no faster."""
+    if not repairable(instance, plan):
+        return plan
+    units, before, after = repair_units(instance, plan, seed)
+    if after >= before:
+        return plan
+    placement = tuple(tuple(int(g) for g in unit) for unit in units.reshape(-1, plan.tp))
+    moved = plan.model_copy(update={"placement": placement, "evaluation": None})
+    ev = evaluator or Evaluator(instance, validate=False)
+    try:
+        mine = ev.iteration_time(moved)
+    except PipetteError:  # still over a failed link
+        return plan
+    try:
+        return moved if mine <= ev.iteration_time(plan) else plan
+    except PipetteError:  # the start crossed a failed link: the repair avoids it
+        return moved
