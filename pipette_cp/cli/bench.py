@@ -33,6 +33,7 @@ from pipette_cp.suite import (
     to_csv,
     to_markdown,
 )
+from pipette_cp.suite.variants import Sweep
 
 
 class _RunByDefault(TyperGroup):
@@ -59,6 +60,33 @@ def _list(option: str, text: str, kind: type) -> list[Any]:
         raise SpecError(option, text, f"expected comma-separated {kind.__name__} values") from None
 
 
+def _sweep(nodes: str | None, model: str | None, batch: str | None, seq: str | None) -> Sweep:
+    """The what-if options as one :class:`Sweep` (each value checked, one line each)."""
+
+    def counts(option: str, text: str | None) -> list[int]:
+        values = [] if text is None else _list(option, text, int)
+        if text is not None and not values:
+            raise SpecError(option, text, "expected comma-separated positive integers")
+        for value in values:
+            if value < 1:
+                raise SpecError(option, value, "expected a positive integer")
+        return values
+
+    models = [] if model is None else [m.strip() for m in model.split(",") if m.strip()]
+    if model is not None and not models:
+        raise SpecError("--model", model, "expected comma-separated model names or files")
+    return Sweep(
+        nodes=counts("--nodes", nodes),
+        model=models,
+        global_batch=counts("--global-batch", batch),
+        seq_length=counts("--seq-length", seq),
+    )
+
+
+def _what_if(flag: str, what: str) -> Any:
+    return typer.Option(flag, help=f"Comma-separated {what}.", rich_help_panel="What-if variants")
+
+
 @bench_app.command("run")
 def run_cmd(
     instances: Annotated[
@@ -82,14 +110,31 @@ def run_cmd(
         str, typer.Option("--executor", help=f"Where jobs run: {' | '.join(EXECUTORS)}.")
     ] = "local",
     ray_address: RayAddressOption = None,
+    nodes: Annotated[
+        str | None, _what_if("--nodes", "node counts (generated clusters are generated again)")
+    ] = None,
+    model: Annotated[
+        str | None, _what_if("--model", "bundled model names or model files (as solve --model)")
+    ] = None,
+    global_batch: Annotated[
+        str | None, _what_if("--global-batch", "global batch sizes, sequences")
+    ] = None,
+    seq_length: Annotated[str | None, _what_if("--seq-length", "sequence lengths, tokens")] = None,
 ) -> None:
-    """Run every method on every instance; finished rows are skipped (resumable)."""
+    """Run every method on every instance; finished rows are skipped (resumable).
+
+    What-if variants: with --nodes, --model, --global-batch or --seq-length, each
+    instance is replaced by one variant per combination of the values, an instance of
+    its own named like gpt3-1.3b-g5-16+nodes=4+global_batch=1024.
+    """
     limits = [None] if time_limit is None else _list("--time-limit", time_limit, float)
+    sweep = _sweep(nodes, model, global_batch, seq_length)
     planned = prepare_jobs(
         instances or (),
         _list("--methods", methods, str),
         _list("--seeds", seeds, int),
         limits,
+        sweep,
     )
     runner = make_executor(executor, jobs, ray_address)
     with BenchStore(db) as store, progress_bar() as bar:

@@ -26,7 +26,9 @@ CRASH = "crash"
 
 @dataclass(frozen=True)
 class Job:
-    """What to run; ``instance`` is a bundled name or a path, as given by the user."""
+    """What to run; ``instance`` is a bundled name or a path, as given by the user, or
+    the name of a what-if variant (``variant``: its JSON, see
+    :mod:`pipette_cp.suite.variants`)."""
 
     instance: str
     method: str
@@ -35,6 +37,7 @@ class Job:
     family: str = ""
     num_gpus: int = 0
     version: str = __version__
+    variant: str = ""
 
     @property
     def key(self) -> tuple[str, str, int, float, str]:
@@ -53,6 +56,8 @@ class BenchRow:
     ``solver_wall_time_s`` are the solver's own report for that plan;
     ``wall_time_s`` is the whole search.  Plan fields are ``None`` when no plan
     was found (``status`` infeasible, error or crash; ``message`` says why).
+    ``variant``: the parameters of a what-if variant as JSON (``instance`` is then its
+    name, :mod:`pipette_cp.suite.variants`), empty for an instance as it is.
     """
 
     instance: str
@@ -79,6 +84,7 @@ class BenchRow:
     gap: float | None = None
     solver_wall_time_s: float | None = None
     plan_json: str | None = None
+    variant: str = ""
 
     @property
     def key(self) -> tuple[str, str, int, float, str]:
@@ -109,6 +115,7 @@ def failed_row(job: Job, status: str, message: str, wall_time_s: float = 0.0) ->
         wall_time_s=wall_time_s,
         timestamp=now_utc(),
         message=message,
+        variant=job.variant,
     )
 
 
@@ -121,7 +128,12 @@ def run_job(job: Job) -> BenchRow:
 
     start = time.perf_counter()
     try:
-        instance = load_instance(job.instance)
+        if job.variant:
+            from pipette_cp.suite.variants import Variant
+
+            instance = Variant.from_json(job.variant).build()
+        else:
+            instance = load_instance(job.instance)
         result = solve_with_stats(
             instance,
             method=job.method,
@@ -163,4 +175,5 @@ def run_job(job: Job) -> BenchRow:
         gap=info.gap,
         solver_wall_time_s=info.wall_time_s,
         plan_json=plan.model_dump_json(),
+        variant=job.variant,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import product
 
 from pipette_cp.errors import SpecError
 from pipette_cp.io.instance_file import list_instances, load_instance
@@ -19,6 +20,7 @@ from pipette_cp.suite.best_known import Flag, all_flags
 from pipette_cp.suite.executors import Executor
 from pipette_cp.suite.jobs import BenchRow, Job
 from pipette_cp.suite.store import BenchStore
+from pipette_cp.suite.variants import Sweep
 
 #: Methods benchmarked when none are named.
 DEFAULT_METHODS = ("cpsat", "milp", "pipette-sa", "amp", "greedy", "megatron-default")
@@ -56,10 +58,13 @@ def prepare_jobs(
     methods: Sequence[str] = DEFAULT_METHODS,
     seeds: Sequence[int] = (0,),
     time_limits_s: Sequence[float | None] = (None,),
+    sweep: Sweep | None = None,
 ) -> BenchJobs:
     """One job per instance x method x seed x time limit (``None``: the instance's
     default, :func:`~pipette_cp.search.loop.default_time_limit_s`); no instances
-    means every bundled one."""
+    means every bundled one.  With a ``sweep`` that sets anything, each instance's
+    what-if variants (:mod:`pipette_cp.suite.variants`) take its place, every one
+    built and checked here, before any job runs; they have no ``best_known``."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise SpecError(
@@ -70,16 +75,22 @@ def prepare_jobs(
     for limit in time_limits_s:
         if limit is not None and limit <= 0:
             raise SpecError("--time-limit", limit, "expected a positive number of seconds")
-    jobs = []
+    jobs: list[Job] = []
     best: dict[str, BestKnown | None] = {}
     for name in instances or list_instances():
         inst = load_instance(name)
-        best[name] = inst.best_known
-        for limit in time_limits_s:
-            budget = default_time_limit_s(inst) if limit is None else float(limit)
-            for method in methods:
-                for seed in seeds:
-                    jobs.append(Job(name, method, seed, budget, inst.family, inst.cluster.num_gpus))
+        variants = sweep.variants(name) if sweep else []
+        if not variants:
+            best[name] = inst.best_known
+        built = [(v.name, v.build(), v.to_json()) for v in variants] or [(name, inst, "")]
+        for label, case, variant in built:
+            gpus = case.cluster.num_gpus
+            for limit in time_limits_s:
+                budget = default_time_limit_s(case) if limit is None else float(limit)
+                for method, seed in product(methods, seeds):
+                    jobs.append(
+                        Job(label, method, seed, budget, case.family, gpus, variant=variant)
+                    )
     return BenchJobs(jobs, best)
 
 

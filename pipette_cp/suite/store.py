@@ -11,6 +11,11 @@ with the next one, and one that cannot be written when the store closes is saved
 beside it (``<store>.pending.json``, written into the store when it is next
 opened for writing): a computed row is never lost.  ``readonly=True`` opens the
 store without writing anything (``bench report`` on a read-only file).
+
+Columns added since schema version 1 (:data:`ADDED_COLUMNS`: ``variant``) have a
+default, so no migration is needed: a store without them gets them (``ALTER TABLE
+... ADD COLUMN``) when opened for writing, and reads them as their default when
+opened read-only; older versions of pipette-cp still read and write such a store.
 """
 
 from __future__ import annotations
@@ -52,7 +57,10 @@ _TYPES = {
     "message": "TEXT NOT NULL",
     "predictor": "TEXT NOT NULL",
     "layout": "TEXT NOT NULL",
+    "variant": "TEXT NOT NULL DEFAULT ''",
 }
+#: Columns newer than the table of schema version 1, with the value old rows read as.
+ADDED_COLUMNS: dict[str, Any] = {"variant": ""}
 _TEXT_KEYS = ("instance", "method", "version", "family", "status", "timestamp")
 _KEY = ("instance", "method", "seed", "time_limit_s", "version")
 
@@ -111,6 +119,7 @@ class BenchStore:
         self.readonly = readonly
         self.busy_timeout_s = float(busy_timeout_s)
         self._pending: list[BenchRow] = []
+        self._missing: set[str] = set()  # ADDED_COLUMNS an old store opened read-only lacks
         if (readonly or not create) and not self.path.exists():
             raise InputFileError(self.path, "no such file; run `pipette-cp bench` first")
         if self.path.exists() and not self.path.is_file():
@@ -156,13 +165,31 @@ class BenchStore:
                 f"not a pipette-cp bench store of schema version {SCHEMA_VERSION} "
                 f"(found {version}); use another --db",
             )
-        if self.readonly or ("results" in tables and self._wal()):
+        if "results" in tables:
+            self._missing = set(ADDED_COLUMNS) - self._columns()
+        if self.readonly or ("results" in tables and self._wal() and not self._missing):
             return  # nothing to write: opens while another process holds the lock
         # WAL: readers (a report, a test polling the file) never block the writer
         self._conn.execute("PRAGMA journal_mode=WAL")
         with self._conn:
             self._conn.execute(_CREATE)
             self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            for name in sorted(set(ADDED_COLUMNS) - self._columns()):  # an older store
+                try:
+                    self._conn.execute(f"ALTER TABLE results ADD COLUMN {_column(name)}")
+                except sqlite3.OperationalError as exc:  # added by another process meanwhile
+                    if "duplicate column" not in str(exc).lower():
+                        raise
+        self._missing = set()
+
+    def _columns(self) -> set[str]:
+        return {r[1] for r in self._conn.execute("PRAGMA table_info(results)")}
+
+    def _select(self) -> str:
+        """The stored columns in :data:`COLUMNS` order (defaults for missing ones)."""
+        return ", ".join(
+            f"{ADDED_COLUMNS[c]!r} AS {c}" if c in self._missing else c for c in COLUMNS
+        )
 
     def _wal(self) -> bool:
         return str(self._conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal"
@@ -289,7 +316,7 @@ class BenchStore:
     def rows(self) -> list[BenchRow]:
         """Every row, ordered by instance, method, seed, time limit, timestamp."""
         query = (
-            f"SELECT {', '.join(COLUMNS)} FROM results "
+            f"SELECT {self._select()} FROM results "
             "ORDER BY instance, method, seed, time_limit_s, timestamp"
         )
         stored = self._retry(lambda: [_row(values) for values in self._conn.execute(query)])
