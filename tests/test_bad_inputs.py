@@ -22,7 +22,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipette_cp.cli import app
-from pipette_cp.clusters.gen_hierarchy import fat_tree
+from pipette_cp.clusters.gen_hierarchy import fat_tree, fat_tree_cluster
 from pipette_cp.clusters.generators import generate
 from pipette_cp.errors import PipetteError
 from pipette_cp.io.cluster_file import cluster_from_mapping, read_cluster_file
@@ -31,7 +31,14 @@ from pipette_cp.io.matrix_files import read_matrix_csv, read_pipette_json
 from pipette_cp.io.model_file import load_model
 from pipette_cp.io.mpigraph import read_mpigraph
 from pipette_cp.io.paths import INSTANCES_DIR
-from pipette_cp.specs import ModelSpec, SearchSpace, TrainingSpec, resolve_gpu, validate_spec
+from pipette_cp.specs import (
+    ClusterSpec,
+    ModelSpec,
+    SearchSpace,
+    TrainingSpec,
+    resolve_gpu,
+    validate_spec,
+)
 from pipette_cp.specs.hierarchy import HierarchicalFabric
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +54,7 @@ NAMESPACE = {
     "read_pipette_json": read_pipette_json, "read_mpigraph": read_mpigraph,
     "generate": generate, "float": float, "math": math,
     "HierarchicalFabric": HierarchicalFabric, "fat_tree": fat_tree,
+    "fat_tree_cluster": fat_tree_cluster, "ClusterSpec": ClusterSpec,
 }  # fmt: skip
 ELLIPSIS = " …"
 

@@ -19,6 +19,7 @@ from pipette_cp.solvers.cuts import supporting_cut
 from pipette_cp.solvers.methods import exact_placement
 from pipette_cp.solvers.options import SolveOptions
 from pipette_cp.solvers.placement.build import build_placement_data
+from pipette_cp.solvers.placement import kelley as kelley_module
 from pipette_cp.solvers.placement.kelley import CutPool
 from pipette_cp.solvers.placement.oracle import brute_force_placement
 from pipette_cp.specs import Instance, SearchSpace, TrainingSpec
@@ -103,3 +104,20 @@ def test_two_level_layouts_get_a_bound_that_holds(seed, dp, pp, tp) -> None:
     assert info.bound <= best * (1 + 1e-9) and info.objective >= best * (1 - 1e-9)
     if info.status == "optimal":
         assert info.objective == pytest.approx(best, rel=1e-6)
+
+
+def test_where_no_supporting_cut_is_found_the_flat_floor_still_holds(monkeypatch) -> None:
+    instance, plan = _degraded_pipeline()
+    data = build_placement_data(instance, plan)
+    rng = np.random.default_rng(2)
+    slots = np.repeat(np.arange(data.num_places), data.capacity)
+    xs = [data.x_of(a) for a in (rng.permutation(slots)[: data.num_units] for _ in range(60))]
+    times = np.array([data.total_time_s(x) for x in xs])
+
+    def no_cut(*args, **kwargs):
+        raise ValueError("no hair gives agreeing difference quotients")
+
+    monkeypatch.setattr(kelley_module, "supporting_cut", no_cut)
+    pool = CutPool(data, upper_s=float(times.max()))
+    intercept, gradient = pool.add_at(xs[0])
+    assert not gradient.any() and 0 < intercept <= times.min()

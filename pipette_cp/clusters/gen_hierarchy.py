@@ -102,7 +102,8 @@ def fat_tree_cluster(gpus: int, seed: int = 0, **fabric: float | int) -> Cluster
     """A :class:`ClusterSpec` on :func:`fat_tree` (keywords: its parameters): H100 SXM
     nodes, 8 NDR NICs of 40 GB/s under load (the measured per-GPU figure of
     :func:`~pipette_cp.clusters.gen_healthy.h100_multileaf`), node ``k`` named
-    ``node{k:05d}``, node groups = leaves."""
+    ``node{k:05d}``, node groups = leaves; the cost model's one inter-node latency is
+    the outermost level's."""
     tree = fat_tree(gpus, seed, **fabric)  # type: ignore[arg-type]
     gpu = resolve_gpu("h100")
     nodes = tree.num_nodes
@@ -119,6 +120,6 @@ def fat_tree_cluster(gpus: int, seed: int = 0, **fabric: float | int) -> Cluster
         nic_bandwidth_bytes_per_s=40 * GB,
         fabric=tree,
         intra_node_latency_s=tree.nvlink_latency_s,
-        inter_node_latency_s=tree.levels[0].latency_s,
+        inter_node_latency_s=tree.levels[-1].latency_s,  # the outermost: no plan looks faster
         source=f"fat_tree(gpus={gpus}, seed={seed}, {fabric})",
     )

@@ -58,7 +58,7 @@ class Fabric:
         hierarchical fabric: read pairs with :meth:`pair_bandwidth`).
     latency : numpy.ndarray or None
         Not read (kept for callers that pass one): a flow's start-up latency is the
-        intra- or inter-node value, or, on a hierarchical fabric, that of its level.
+        intra- or inter-node value (:meth:`pair_latency`).
     node_of : numpy.ndarray
         Node index of every GPU.
     domain_of : numpy.ndarray
@@ -130,9 +130,11 @@ class Fabric:
         return self.hierarchy.bandwidth(src, dst)
 
     def pair_latency(self, src: np.ndarray, dst: np.ndarray, cross: np.ndarray) -> np.ndarray:
-        """Start-up latency of each flow (``cross``: whether it leaves its node)."""
-        if self.hierarchy is not None:
-            return self.hierarchy.latency(src, dst)
+        """Start-up latency of each flow (``cross``: whether it leaves its node): the
+        intra- or inter-node value, on a fabric too (its levels' latencies differ by
+        microseconds; one inter-node value keeps the placement masters' latency terms,
+        which take the same two values, exact)."""
+        del src, dst
         return np.where(cross, self.inter_node_latency_s, self.intra_node_latency_s)
 
     @property
@@ -191,11 +193,9 @@ def shared_nic_flows(
         bw = fabric.pair_bandwidth(src, dst)
     src_node, dst_node = fabric.node_of[src], fabric.node_of[dst]
     cross = src_node != dst_node
-    if not cross.any() and fabric.hierarchy is None:
+    if not cross.any():
         return bw, np.full(bw.shape, fabric.intra_node_latency_s)
     latency = fabric.pair_latency(src, dst, cross)
-    if not cross.any():
-        return bw, latency
     nic = cross  # through the NICs: the flows that leave an NVLink domain
     if fabric.domain_of is not fabric.node_of:
         nic = fabric.domain_of[src] != fabric.domain_of[dst]

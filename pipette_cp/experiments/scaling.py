@@ -6,7 +6,8 @@ of 8,192 tokens, BF16) on generated H100 fat trees of each size
 (:func:`~pipette_cp.clusters.gen_hierarchy.fat_tree_cluster`: 2 % of the node pairs
 degraded to half their level, 1 % of the nodes with NICs at half speed), each in a
 fresh process whose peak memory (the proportional set size of the process and its
-workers, sampled every 0.1 s) is measured from outside.  Per size: the wall time, the
+workers, sampled every 0.1 s; and their resident sizes summed, an upper bound that
+counts shared pages once per process) is measured from outside.  Per size: the wall time, the
 peak memory, the best plan, the lower bound no layout beats (placement-free, valid), the
 gap to it, and the same layout on Megatron's rank order (what the placement gained).
 Budgets are the targets' (60 s at 4,096 GPUs and below, 120 s at 16,384, 600 s above)
@@ -86,21 +87,25 @@ def solve_one(gpus: int, budget: float, jobs: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _tree_pss(pid: int) -> int:
-    """Proportional set size of ``pid`` and its descendants, bytes."""
-    total, todo = 0, [pid]
+def _tree_memory(pid: int) -> tuple[int, int]:
+    """Proportional and resident set sizes summed over ``pid`` and its descendants,
+    bytes (the resident sum counts pages the workers share with it once per process:
+    an upper bound)."""
+    pss, rss, todo = 0, 0, [pid]
     while todo:
         p = todo.pop()
         try:
             for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
                 if line.startswith("Pss:"):
-                    total += int(line.split()[1]) * 1024
+                    pss += int(line.split()[1]) * 1024
+                elif line.startswith("Rss:"):
+                    rss += int(line.split()[1]) * 1024
             for task in os.listdir(f"/proc/{p}/task"):
                 children = Path(f"/proc/{p}/task/{task}/children").read_text().split()
                 todo += [int(c) for c in children]
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
-    return total
+    return pss, rss
 
 
 def measured(gpus: int, budget: float, jobs: int) -> dict[str, Any]:
@@ -108,15 +113,16 @@ def measured(gpus: int, budget: float, jobs: int) -> dict[str, Any]:
     code = (f"import json; from pipette_cp.experiments.scaling import solve_one; "
             f"print(json.dumps(solve_one({gpus}, {budget}, {jobs})))")  # fmt: skip
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    peak = 0
+    peak, peak_rss = 0, 0
     while child.poll() is None:
-        peak = max(peak, _tree_pss(child.pid))
+        pss, rss = _tree_memory(child.pid)
+        peak, peak_rss = max(peak, pss), max(peak_rss, rss)
         time.sleep(0.1)
     out, _ = child.communicate()
     if child.returncode:
         raise SystemExit(f"the {gpus}-GPU run failed (exit {child.returncode})")
     row = json.loads(out.strip().splitlines()[-1])
-    row["peak_bytes"] = peak
+    row["peak_bytes"], row["peak_rss_bytes"] = peak, peak_rss
     return row
 
 
@@ -130,7 +136,8 @@ def line(row: dict[str, Any]) -> str:
         verdict.append(f"memory {'met' if row['peak_bytes'] <= mem_target else 'MISSED'}")
     gap = "-" if row["gap"] is None else f"{100 * row['gap']:.1f} %"
     gain = row["megatron_order_s"] / row["iteration_time_s"]
-    return (f"{row['gpus']:>7d} {row['wall_s']:7.1f} s {row['peak_bytes'] / 1e9:6.2f} GB  "
+    return (f"{row['gpus']:>7d} {row['wall_s']:7.1f} s {row['peak_bytes'] / 1e9:6.2f} GB "
+            f"(RSS sum {row['peak_rss_bytes'] / 1e9:5.2f} GB)  "
             f"{row['iteration_time_s']:8.3f} s {row['layout']:34s} bound gap {gap:>7s}  "
             f"Megatron order {gain:.3f}x slower  {row['solved']} solved of {row['layouts']}  "
             + ", ".join(verdict))  # fmt: skip
@@ -157,6 +164,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     axes[2].plot(gpus, [r["lower_bound_s"] for r in rows], "v:", label="lower bound")
     axes[2].plot(gpus, [r["megatron_order_s"] for r in rows], "x--", label="on Megatron's order")
     axes[2].set_ylabel("iteration time, s")
+    axes[2].set_yscale("log")
     for ax, title in zip(axes, ("search wall time", "search peak memory", "plan"), strict=True):
         ax.set_xscale("log")
         ax.set_xlabel("GPUs")

@@ -51,8 +51,12 @@ class CutPool:
     def add_at(self, x: np.ndarray) -> tuple[float, np.ndarray]:
         """Add (and return) the snapped supporting cut of ``f`` at ``x``."""
         work.spend(work.POOL_CUT_TICKS)
-        cut = supporting_cut(self.data.total_time_s, x, rng=self.rng)
-        intercept, g = cut.intercept, cut.gradient.copy()
+        try:
+            cut = supporting_cut(self.data.total_time_s, x, rng=self.rng)
+            intercept, g = cut.intercept, cut.gradient.copy()
+        except ValueError:  # no agreeing quotients near x: the flat cut at the floor,
+            # valid because f is non-decreasing and every placement's inputs lie above it
+            intercept, g = self.data.total_time_s(lower_x(self.data)), np.zeros(x.shape)
         if self._worst is None:  # inputs no placement exceeds
             self._worst = worst_x(self.data)
         # time inputs of any placement (and of any improving plan)
