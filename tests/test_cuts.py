@@ -18,8 +18,8 @@ from pipette_cp.io.model_file import load_model
 from pipette_cp.solvers.cuts import supporting_cut
 from pipette_cp.solvers.methods import exact_placement
 from pipette_cp.solvers.options import SolveOptions
-from pipette_cp.solvers.placement.build import build_placement_data
 from pipette_cp.solvers.placement import kelley as kelley_module
+from pipette_cp.solvers.placement.build import build_placement_data
 from pipette_cp.solvers.placement.kelley import CutPool
 from pipette_cp.solvers.placement.oracle import brute_force_placement
 from pipette_cp.specs import Instance, SearchSpace, TrainingSpec

@@ -21,6 +21,8 @@ from pipette_cp.clusters.compare import DriftReport, compare_clusters
 from pipette_cp.clusters.generators import generate, generate_timeline
 from pipette_cp.errors import SpecError
 from pipette_cp.io.cluster_file import read_cluster_file, write_cluster_file
+from pipette_cp.io.fabric_file import INLINE_EXCEPTIONS_MAX, exception_count, fabric_summary
+from pipette_cp.io.fabric_import import dense_twin, fabric_from_dense, levels_option
 from pipette_cp.io.files import read_mapping
 from pipette_cp.io.instance_file import load_instance
 from pipette_cp.io.matrix_files import (
@@ -62,8 +64,13 @@ def _params(items: list[str]) -> dict[str, Any]:
 @cluster_app.command("generate")
 def generate_cmd(
     kind: Annotated[str, typer.Argument(help="Generator: see `pipette-cp list generators`.")],
-    nodes: Annotated[int, typer.Option("--nodes", "-n", help="Number of nodes.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Cluster file to write (YAML).")],
+    nodes: Annotated[
+        int | None, typer.Option("--nodes", "-n", help="Number of nodes (or give --gpus).")
+    ] = None,
+    gpus: Annotated[
+        int | None, typer.Option("--gpus", help="Number of GPUs, instead of --nodes.")
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", "-s", help="Random seed.")] = 0,
     gpus_per_node: Annotated[
         int | None, typer.Option(help="GPUs per node (generator default if omitted).")
@@ -76,9 +83,13 @@ def generate_cmd(
         list[str] | None, typer.Option("--set", help="Generator parameter KEY=VALUE.")
     ] = None,
 ) -> None:
-    """Write a seeded synthetic cluster (G1-G6)."""
+    """Write a seeded synthetic cluster (G1-G7; fat-tree: a fabric of any size)."""
     params = _params(set_ or [])
+    if gpus is not None:
+        params["gpus"] = gpus
     if snapshots > 1:
+        if nodes is None:
+            raise SpecError("--nodes", None, "a timeline (--snapshots) needs --nodes")
         timeline = generate_timeline(
             kind, nodes=nodes, seed=seed, snapshots=snapshots, gpus_per_node=gpus_per_node, **params
         )
@@ -90,7 +101,12 @@ def generate_cmd(
 
 def _write(cluster: ClusterSpec, out: Path) -> None:
     write_cluster_file(cluster, out)
-    console.print(f"wrote {out} ({cluster.describe()})", highlight=False)
+    extra = ""
+    if cluster.fabric is not None:
+        sidecar = out.with_name(out.stem + ".npz")
+        where = f" in {sidecar}" if exception_count(cluster.fabric) > INLINE_EXCEPTIONS_MAX else ""
+        extra = f"; {fabric_summary(cluster.fabric)}{where}"
+    console.print(f"wrote {out} ({cluster.describe()}{extra})", highlight=False, soft_wrap=True)
 
 
 _GPU = typer.Option("--gpu", help="GPU type (catalogue name); the file does not say.")
@@ -153,6 +169,22 @@ def import_nccl_tests(
     gpus_per_node: Annotated[int | None, _GPN] = None,
     nics_per_node: Annotated[int | None, _NICS] = None,
     intra_gb_per_s: Annotated[float | None, _INTRA] = None,
+    fabric: Annotated[
+        str | None,
+        typer.Option(
+            "--fabric",
+            help="Write switch levels plus exceptions instead of the matrix: LEVELS.yaml "
+            "(levels: [...]) or name:nodes[@GB/s],... in node-name order, e.g. leaf:8,spine "
+            "(a level without GB/s: the median of its measured pairs).",
+        ),
+    ] = None,
+    tolerance: Annotated[
+        float,
+        typer.Option(
+            help="--fabric: a pair further than this share off its level "
+            "(and NICs) is an exception."
+        ),
+    ] = 0.1,
 ) -> None:
     """Convert pairwise nccl-tests logs (sendrecv_perf) into a cluster file."""
     cluster = convert_nccl_tests_dir(
@@ -164,6 +196,9 @@ def import_nccl_tests(
         nics_per_node=nics_per_node,
         intra_node_bytes_per_s=intra_gb_per_s * GB if intra_gb_per_s else None,
     )
+    if fabric is not None:
+        levels = levels_option(fabric, cluster.num_nodes, cluster.inter_node_latency_s)
+        cluster = fabric_from_dense(cluster, levels, tolerance=tolerance)
     _write(cluster, out)
 
 
@@ -363,7 +398,7 @@ def compare_cmd(
     """Bandwidth drift between two measurements; says whether to re-plan.
 
     A and B: cluster files, nccl-tests log directories, instance files or names."""
-    first, second = load_cluster(a), load_cluster(b)
+    first, second = dense_twin(load_cluster(a)), dense_twin(load_cluster(b))
     report = compare_clusters(first, second, threshold=threshold, top=top, by_name=not by_position)
     if as_json:
         typer.echo(json.dumps({**report.model_dump(mode="json"), "verdict": report.verdict}))

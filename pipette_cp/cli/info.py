@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from pipette_cp.cli.console import console
+from pipette_cp.clusters.gen_trees import TREE_GENERATORS
 from pipette_cp.clusters.generators import ALL_GENERATORS
 from pipette_cp.io.cluster_file import read_cluster_file
 from pipette_cp.io.files import read_mapping
@@ -50,7 +51,7 @@ def list_(
     names = {
         Catalogue.instances: list_instances,
         Catalogue.models: list_models,
-        Catalogue.generators: lambda: sorted(ALL_GENERATORS),
+        Catalogue.generators: lambda: sorted([*ALL_GENERATORS, *TREE_GENERATORS]),
     }[what]()
     for name in names:
         suffix = "  (default)" if what is Catalogue.instances and name == DEFAULT_INSTANCE else ""

@@ -18,6 +18,7 @@ reach are :attr:`GeneratorInfo.targets` (checked by :func:`check_targets`).  Rac
 systems whose NVLink domains span several nodes are registered beside them in
 :data:`RACK_GENERATORS`: :func:`~pipette_cp.clusters.gen_nvl.gb200_nvl72` (G7, alias
 ``nvl72``), racks of 18 GB200 trays x 4 GPUs; :data:`ALL_GENERATORS` holds both.
+:func:`generate` also builds the fabrics of :mod:`~pipette_cp.clusters.gen_trees` (fat-tree).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from pipette_cp.clusters.gen_healthy import h100_multileaf, healthy_a100, v100_c
 from pipette_cp.clusters.gen_nvl import NVL72_SOURCES, gb200_nvl72
 from pipette_cp.clusters.gen_params import call_builder, integer, parameters_of
 from pipette_cp.clusters.gen_targets import Range, Targets, measure, measure_timeline
+from pipette_cp.clusters.gen_trees import TREE_GENERATORS, generate_tree, nodes_of, tree_info
 from pipette_cp.errors import SpecError
 from pipette_cp.specs.cluster import MAX_GPUS, ClusterSpec
 
@@ -262,7 +264,11 @@ def generator_info(kind: str) -> GeneratorInfo:
     key = kind.strip().lower() if isinstance(kind, str) else None  # a list is no kind either
     info = (ALL_GENERATORS.get(key) or _BY_ALIAS.get(key)) if key is not None else None
     if info is None:
-        known = ", ".join(f"{i.kind} ({i.alias})" for i in ALL_GENERATORS.values())
+        kinds = [*ALL_GENERATORS.values(), *TREE_GENERATORS.values()]
+        known = ", ".join(f"{i.kind} ({i.alias})" for i in kinds)  # type: ignore[attr-defined]
+        if tree_info(kind) is not None:
+            raise SpecError("generator.kind", kind, "a hierarchical cluster: no dense matrix, "
+                            "no timeline and no statistics targets")  # fmt: skip
         raise SpecError("generator.kind", kind, f"unknown generator; known: {known}")
     return info
 
@@ -294,7 +300,13 @@ def _fabric(
 
 
 def generate(
-    kind: str, *, nodes: int, seed: int, gpus_per_node: int | None = None, **params: Any
+    kind: str,
+    *,
+    nodes: int | None = None,
+    seed: int,
+    gpus_per_node: int | None = None,
+    gpus: int | None = None,
+    **params: Any,
 ) -> ClusterSpec:
     """A seeded synthetic cluster.
 
@@ -305,6 +317,8 @@ def generate(
     nodes : int
         Number of servers (>= 1: one node is a single NVLink domain with no node pairs;
         ``oversubscribed`` needs two pods; statistics match their targets from ~16).
+    gpus : int, optional
+        Instead of ``nodes``: GPUs, a multiple of the GPUs per node (fat-tree: either).
     seed : int
         Seed of ``numpy.random.default_rng``; same seed, same cluster.
     gpus_per_node : int, optional
@@ -323,6 +337,11 @@ def generate(
     SpecError
         Unknown kind or parameter, or a value out of range.
     """
+    if tree_info(kind) is not None:
+        return generate_tree(kind, seed=seed, gpus=gpus, nodes=nodes,
+                             gpus_per_node=gpus_per_node, **params)  # fmt: skip
+    gpn = gpus_per_node or generator_info(kind).defaults.get("gpus_per_node", 8)
+    nodes = nodes_of(nodes, gpus, gpn)
     _, fabric, rng = _fabric(kind, nodes, seed, gpus_per_node, params)
     return fabric.cluster(fabric.node_matrix(rng), fabric.label)
 

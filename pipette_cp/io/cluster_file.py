@@ -26,8 +26,9 @@ with ``inter_node_bandwidth_gb_per_s`` and ``num_nodes`` or ``node_names`` (one
 node may give none of them, and then its ``nic_bandwidth_gb_per_s``).
 :func:`write_cluster_file` writes the node form when the GPU matrix is exactly
 a node expansion, ``nominal`` when in addition all node pairs are equal, and
-the GPU form otherwise.  Instead of ``nodes_per_nvlink_domain``, ``nvlink_domains``
-maps every node (or every GPU, as ``nvidia-smi -q`` reports its NVLink clique) to a
+the GPU form otherwise.  A cluster of any size gives ``fabric`` (switch levels and
+sparse exceptions, :mod:`pipette_cp.io.fabric_file`) instead of a matrix.  Instead of
+``nodes_per_nvlink_domain``, ``nvlink_domains`` maps every node (or every GPU, as ``nvidia-smi -q`` reports its NVLink clique) to a
 domain id; it must cut the nodes into runs of consecutive whole nodes of one size
 (:func:`~pipette_cp.specs.cluster.nodes_per_domain`).  CSV matrices and Pipette's
 JSON are in :mod:`pipette_cp.io.matrix_files`.
@@ -44,6 +45,13 @@ import yaml
 
 from pipette_cp.clusters.expand import expand_node_matrix
 from pipette_cp.errors import InputFileError, SpecError
+from pipette_cp.io.fabric_file import (
+    INLINE_EXCEPTIONS_MAX,
+    exception_count,
+    fabric_from_mapping,
+    fabric_num_nodes,
+    fabric_to_mapping,
+)
 from pipette_cp.io.files import read_mapping
 from pipette_cp.specs._base import validate_spec
 from pipette_cp.specs.cluster import (
@@ -59,18 +67,22 @@ from pipette_cp.specs.gpu import GPU_CATALOG, GpuSpec, resolve_gpu
 from pipette_cp.units import GB, US
 
 FORMAT = "pipette-cp-cluster/1"
-#: The three ways of giving the inter-node bandwidth (exactly one per file).
+#: The three ways of giving the inter-node bandwidth as a matrix (exactly one per file,
+#: or a ``fabric``).
 MATRIX_KEYS = ("node_bandwidth_gb_per_s", "gpu_bandwidth_gb_per_s", "nominal")
+_WAYS = (*MATRIX_KEYS, "fabric")
 _KEYS = {
     "format", "name", "source", "gpu", "node_gpu_types", "gpus_per_node", "num_nodes",
     "nics_per_node", "nic_bandwidth_gb_per_s", "intra_node_bandwidth_gb_per_s",
     "inter_node_bandwidth_gb_per_s", "intra_node_latency_us", "inter_node_latency_us",
-    "node_names", "node_groups", "nodes_per_nvlink_domain", "nvlink_domains", *MATRIX_KEYS,
+    "node_names", "node_groups", "nodes_per_nvlink_domain", "nvlink_domains", *_WAYS,
 }  # fmt: skip
 
 
 # ------------------------------------------------------------------ YAML reading
-def cluster_from_mapping(data: dict[str, Any], where: str = "cluster") -> ClusterSpec:
+def cluster_from_mapping(
+    data: dict[str, Any], where: str = "cluster", base_dir: Path | None = None
+) -> ClusterSpec:
     """A :class:`ClusterSpec` from the cluster-file fields (module doc).
 
     Parameters
@@ -80,6 +92,8 @@ def cluster_from_mapping(data: dict[str, Any], where: str = "cluster") -> Cluste
         may hold a cluster inline).
     where : str
         Prefix of the field names in errors.
+    base_dir : Path, optional
+        Where a fabric's ``exceptions:`` sidecar is looked for (the file's folder).
 
     Returns
     -------
@@ -109,11 +123,12 @@ def cluster_from_mapping(data: dict[str, Any], where: str = "cluster") -> Cluste
         )
     if data.get("format", FORMAT) != FORMAT:
         raise SpecError(f"{where}.format", data["format"], f"expected {FORMAT!r}")
-    given = [k for k in MATRIX_KEYS if data.get(k) not in (None, False)]
+    given = [k for k in _WAYS if data.get(k) not in (None, False)]
     names = data.get("node_names")
     one_node = not given and (len(names) if isinstance(names, list) else data.get("num_nodes")) == 1
     if len(given) != 1 and not one_node:
-        raise SpecError(where, given, f"give exactly one of {', '.join(MATRIX_KEYS)}")
+        ways = _WAYS if "fabric" in given else MATRIX_KEYS
+        raise SpecError(where, given, f"give exactly one of {', '.join(ways)}")
     g = _positive_int(data, "gpus_per_node", where)
     if g > MAX_GPUS_PER_NODE:
         raise SpecError(f"{where}.gpus_per_node", g, f"at most {MAX_GPUS_PER_NODE} are modelled")
@@ -128,6 +143,8 @@ def cluster_from_mapping(data: dict[str, Any], where: str = "cluster") -> Cluste
                 f"must be a multiple of gpus_per_node={g}",
             )
         n = gpu_matrix.shape[0] // g
+    elif given[0] == "fabric":
+        n = fabric_num_nodes(data, where)
     elif given[0] == "node_bandwidth_gb_per_s":
         node_matrix = bandwidth_rows(data[given[0]], f"{where}.{given[0]}")
         n = node_matrix.shape[0]
@@ -138,20 +155,27 @@ def cluster_from_mapping(data: dict[str, Any], where: str = "cluster") -> Cluste
         assert inter is not None  # required=True raised otherwise
         _link_range(inter, f"{where}.inter_node_bandwidth_gb_per_s", pair=False)
         node_matrix = np.full((n, n), inter * GB)
-    _require_size(n, g, where)
+    if given[0] != "fabric":
+        _require_size(n, g, where)
     if data.get("num_nodes", n) != n:
         raise SpecError(f"{where}.num_nodes", data["num_nodes"], f"the matrix has {n} nodes")
     for key in ("node_names", "node_groups"):
         if isinstance(data.get(key), list) and len(data[key]) != n:
             raise SpecError(f"{where}.{key}", data[key], f"expected {n} entries, one per node")
     gpus = _node_gpus(data, n, where)
-    if given[0] != "gpu_bandwidth_gb_per_s":
+    fabric = None
+    if given[0] == "fabric":
+        fabric = fabric_from_mapping(data, where, num_nodes=n, gpus_per_node=g, base_dir=base_dir,
+                                     nvlink_bytes_per_s=gpus[0].nvlink_bandwidth_bytes_per_s)  # fmt: skip
+    elif given[0] != "gpu_bandwidth_gb_per_s":
         gpu_matrix = _expand(node_matrix, data, gpus, g, where)
     nics = data.get("nics_per_node", g)
     nic = _number(data, "nic_bandwidth_gb_per_s", where)
     if nic is None and n == 1:
         raise SpecError(f"{where}.nic_bandwidth_gb_per_s", nic, "needed for one node "
                         "(no inter-node pair to take the median of)")  # fmt: skip
+    if nic is None and fabric is not None:  # one stream saturates one NIC: the leaf's
+        nic = fabric.levels[0].bandwidth_bytes_per_s / GB
     if nic is None:  # one stream saturates one NIC: the median healthy inter-node pair
         off = gpu_matrix[~_same_node(n, g)]
         nic = float(np.median(off[off > 0])) / GB if (off > 0).any() else 0.0
@@ -168,7 +192,8 @@ def cluster_from_mapping(data: dict[str, Any], where: str = "cluster") -> Cluste
         "node_groups": tuple(data["node_groups"]) if data.get("node_groups") is not None else None,
         "nics_per_node": nics,
         "nic_bandwidth_bytes_per_s": nic * GB,
-        "bandwidth_bytes_per_s": gpu_matrix,
+        "bandwidth_bytes_per_s": gpu_matrix if fabric is None else None,
+        "fabric": fabric,
         "source": data.get("source", ""),
     }
     per, domains = data.get("nodes_per_nvlink_domain"), data.get("nvlink_domains")
@@ -318,7 +343,7 @@ def read_cluster_file(path: str | Path) -> ClusterSpec:
         raise InputFileError(path, f"format={data.get('format')!r}: expected {FORMAT!r}")
     data.setdefault("name", Path(path).stem)
     try:
-        return cluster_from_mapping(data, where="cluster")
+        return cluster_from_mapping(data, where="cluster", base_dir=Path(path).parent)
     except SpecError as exc:
         raise InputFileError(path, str(exc)) from None
 
@@ -337,8 +362,11 @@ _Dumper.add_representer(
 )
 
 
-def cluster_to_mapping(cluster: ClusterSpec, decimals: int | None = 3) -> dict[str, Any]:
-    """The cluster-file fields of ``cluster`` (GB/s rounded to ``decimals``)."""
+def cluster_to_mapping(
+    cluster: ClusterSpec, decimals: int | None = 3, exceptions_file: Path | None = None
+) -> dict[str, Any]:
+    """The cluster-file fields of ``cluster`` (GB/s rounded to ``decimals``); a fabric's
+    exceptions go to ``exceptions_file`` (a ``.npz``) when given, else inline."""
 
     def gb(x: float) -> float:
         return round(float(x) / GB, decimals) if decimals is not None else float(x) / GB
@@ -362,6 +390,9 @@ def cluster_to_mapping(cluster: ClusterSpec, decimals: int | None = 3) -> dict[s
         out["node_groups"] = _Row(cluster.node_groups)
     if cluster.nodes_per_nvlink_domain > 1:
         out["nodes_per_nvlink_domain"] = cluster.nodes_per_nvlink_domain
+    if cluster.fabric is not None:
+        fabric = fabric_to_mapping(cluster.fabric, decimals, exceptions_file, _Row)
+        return out | {"num_nodes": n, "fabric": fabric}
     blocks = cluster.matrix.reshape(n, g, n, g).transpose(0, 2, 1, 3)
     intra = blocks[0, 0]
     off = ~np.eye(g, dtype=bool)
@@ -404,11 +435,18 @@ def write_cluster_file(
         Written first, each line as a ``#`` comment (source, licence, method).
     decimals : int or None
         GB/s are rounded to this many decimals (3 = 1 MB/s); None keeps full precision.
+        A fabric of more than ``INLINE_EXCEPTIONS_MAX`` exceptions writes them, exactly,
+        to ``<path stem>.npz`` beside the file.
     """
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
+    big = cluster.fabric is not None and exception_count(cluster.fabric) > INLINE_EXCEPTIONS_MAX
+    sidecar = p.with_name(p.stem + ".npz") if big else None
     comment = "".join(f"# {line}".rstrip() + "\n" for line in header.splitlines())
     body = yaml.dump(
-        cluster_to_mapping(cluster, decimals), Dumper=_Dumper, sort_keys=False, width=4096
+        cluster_to_mapping(cluster, decimals, sidecar),
+        Dumper=_Dumper,
+        sort_keys=False,
+        width=4096,
     )
     p.write_text(comment + body, encoding="utf-8")

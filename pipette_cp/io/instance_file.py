@@ -7,6 +7,7 @@ An instance is one YAML file.  Each part may be given inline or by reference::
     model: llama-2-7b                 # bundled name | path.yaml | HF config.json | mapping
     cluster:                          # exactly one of:
       generator: {kind: degraded, nodes: 4, seed: 1}
+      # generator: {kind: fat-tree, gpus: 16384, seed: 0}   (any size: gpus or nodes)
       # file: clusters/h100-cluster00.yaml   (relative to this file, then instances/)
       # ...or the fields of a cluster file inline (see pipette_cp.io.cluster_file)
     training: {global_batch_size: 512, seq_length: 4096}
@@ -228,7 +229,7 @@ def _cluster(value: Any, base_dir: Path) -> ClusterSpec:
         return _generated(value["generator"])
     if "file" in value:
         return read_cluster_file(_relative(value["file"], base_dir))
-    return cluster_from_mapping(value, "cluster")
+    return cluster_from_mapping(value, "cluster", base_dir)
 
 
 def _generated(recipe: Any) -> ClusterSpec:
@@ -237,7 +238,7 @@ def _generated(recipe: Any) -> ClusterSpec:
     params = dict(recipe)
     kind = params.pop("kind")
     for key in ("nodes", "seed"):
-        if key not in params:
+        if key not in params and not (key == "nodes" and "gpus" in params):
             raise SpecError(f"cluster.generator.{key}", None, "missing")
     snapshot = params.pop("snapshot", None)
     if snapshot is None:

@@ -108,7 +108,10 @@ def training_table(training: TrainingSpec) -> Table:
 
 
 def cluster_table(cluster: ClusterSpec, slowest: int = 5) -> Group:
-    """Summary, bandwidth statistics, slowest node pairs and failed pairs."""
+    """Summary, bandwidth statistics, slowest node pairs and failed pairs (a fabric:
+    its levels and exceptions, :func:`fabric_table`; no matrix is built)."""
+    if cluster.fabric is not None:
+        return fabric_table(cluster, slowest)
     nodes = cluster.node_matrix()
     g = cluster.gpus_per_node
     intra = [
@@ -213,6 +216,67 @@ def _failed(cluster: ClusterSpec, nodes: np.ndarray) -> Table:
     if dead:
         rows.append((f"{len(dead)} node pairs", shown + more))
     return _kv_table("Failed pairs (never used)", rows)
+
+
+def fabric_table(cluster: ClusterSpec, slowest: int = 5) -> Group:
+    """A hierarchical cluster: shape, levels, NVLink, exception counts, the slowest and
+    the failed node pairs among the exceptions; O(levels + exceptions), no matrix."""
+    f = cluster.fabric
+    assert f is not None
+    memory = ", ".join(
+        f"{t.name}: {t.memory_bytes / GiB:.1f} GiB" for t in cluster.gpu_types.values()
+    )
+    rows = [
+        ("shape", cluster.describe()),
+        ("GPU memory", memory),
+        (
+            "NVLink",
+            f"{f.nvlink_bandwidth_bytes_per_s / GB:.1f} GB/s, {f.nvlink_latency_s * 1e6:g} us",
+        ),
+    ]
+    rows += [
+        (
+            f"level {lv.name}",
+            f"groups of {lv.nodes} nodes, {lv.bandwidth_bytes_per_s / GB:.2f} GB/s, "
+            f"{lv.latency_s * 1e6:g} us",
+        )
+        for lv in f.levels
+    ]
+    nics = f.slow_nics
+    low, high = (nics.nic_factor.min(), nics.nic_factor.max()) if nics.node.size else (1, 1)
+    span = f"x {low:.2f}" + (f"-{high:.2f}" if high > low else "")
+    factors = f", {span}" if nics.node.size else ""
+    rows.append(("slow NICs", f"{nics.node.size:,} nodes{factors}"))
+    for what, pairs in (("node pairs", f.node_pairs), ("GPU pairs", f.gpu_pairs)):
+        dead = int((pairs.bandwidth_bytes_per_s <= 0).sum())
+        rows.append((f"exception {what}", f"{pairs.src.size - dead:,} degraded, {dead:,} failed"))
+    rows.append(("source", cluster.source or "-"))
+    parts: list = [_kv_table(f"Cluster {cluster.name} (switch levels + exceptions)", rows)]
+    pairs, names = f.node_pairs, cluster.node_names
+    bw = pairs.bandwidth_bytes_per_s
+    alive = np.flatnonzero(bw > 0)
+    if alive.size:
+        table = Table(title="Slowest node pairs (exceptions)", title_justify="left")
+        for col in ("pair", "GB/s", "x its level"):
+            table.add_column(col, justify="left" if col == "pair" else "right")
+        pick = alive[np.argsort(bw[alive], kind="stable")[:slowest]]
+        g = cluster.gpus_per_node
+        level = f.level_of(pairs.src[pick] * g, pairs.dst[pick] * g)
+        for k, lv in zip(pick.tolist(), level.tolist(), strict=True):
+            nominal = f.levels[lv].bandwidth_bytes_per_s
+            table.add_row(f"{names[pairs.src[k]]} -> {names[pairs.dst[k]]}",
+                          f"{bw[k] / GB:.2f}", f"{bw[k] / nominal:.2f}")  # fmt: skip
+        parts.append(table)
+    failed = np.flatnonzero(bw <= 0)
+    if failed.size:
+        shown = ", ".join(
+            f"{names[pairs.src[k]]} -> {names[pairs.dst[k]]}" for k in failed[:6].tolist()
+        )
+        more = f" (+{failed.size - 6} more)" if failed.size > 6 else ""
+        parts.append(
+            _kv_table("Failed pairs (never used)", [(f"{failed.size} node pairs", shown + more)])
+        )
+    return Group(*_spaced(parts))
 
 
 def instance_report(instance: Instance) -> Group:
