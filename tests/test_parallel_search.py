@@ -102,6 +102,19 @@ def test_a_hung_solve_restarts_the_workers(small, tmp_path, monkeypatch) -> None
     assert result.plans
 
 
+def _overruns(skeleton, options):
+    time.sleep(600)  # far past its own limit, as an uninterruptible step on a loaded machine
+
+
+def test_a_solve_past_the_budget_is_dropped_not_waited_for(small, monkeypatch) -> None:
+    monkeypatch.setattr(phases, "solve_skeleton", _overruns)
+    result = search(small, time_limit_s=12, jobs=2)
+    notes = " ".join(result.stats.notes)
+    # dropped at the budget's end, not waited for as a hang (30 s) and retried
+    assert "still running when the budget ended: dropped" in notes and "hung" not in notes
+    assert result.plans  # the greedy sweep's plans remain
+
+
 def test_ctrl_c_after_the_first_plan_returns_the_best_plan_so_far(small) -> None:
     calls: list[float | None] = []
 

@@ -31,20 +31,27 @@ sparse exceptions, :mod:`pipette_cp.io.fabric_file`) instead of a matrix.  Inste
 ``nodes_per_nvlink_domain``, ``nvlink_domains`` maps every node (or every GPU, as ``nvidia-smi -q`` reports its NVLink clique) to a
 domain id; it must cut the nodes into runs of consecutive whole nodes of one size
 (:func:`~pipette_cp.specs.cluster.nodes_per_domain`).  CSV matrices and Pipette's
-JSON are in :mod:`pipette_cp.io.matrix_files`.
+JSON are in :mod:`pipette_cp.io.matrix_files`, the checks of single fields (and the
+expansion of a node matrix to GPUs) in :mod:`pipette_cp.io.cluster_fields`.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
 
-from pipette_cp.clusters.expand import expand_node_matrix
 from pipette_cp.errors import InputFileError, SpecError
+from pipette_cp.io.cluster_fields import bandwidth_rows, require_size
+from pipette_cp.io.cluster_fields import default_names as _default_names
+from pipette_cp.io.cluster_fields import expand_gpu_matrix as _expand
+from pipette_cp.io.cluster_fields import link_range as _link_range
+from pipette_cp.io.cluster_fields import node_gpus as _node_gpus
+from pipette_cp.io.cluster_fields import number as _number
+from pipette_cp.io.cluster_fields import positive_int as _positive_int
+from pipette_cp.io.cluster_fields import same_node as _same_node
 from pipette_cp.io.fabric_file import (
     INLINE_EXCEPTIONS_MAX,
     exception_count,
@@ -54,16 +61,8 @@ from pipette_cp.io.fabric_file import (
 )
 from pipette_cp.io.files import read_mapping
 from pipette_cp.specs._base import validate_spec
-from pipette_cp.specs.cluster import (
-    MAX_GPUS,
-    MAX_GPUS_PER_NODE,
-    MAX_LATENCY_S,
-    MAX_LINK_BYTES_PER_S,
-    MIN_LINK_BYTES_PER_S,
-    ClusterSpec,
-    nodes_per_domain,
-)
-from pipette_cp.specs.gpu import GPU_CATALOG, GpuSpec, resolve_gpu
+from pipette_cp.specs.cluster import MAX_GPUS_PER_NODE, MAX_LATENCY_S, ClusterSpec, nodes_per_domain
+from pipette_cp.specs.gpu import GPU_CATALOG, GpuSpec
 from pipette_cp.units import GB, US
 
 FORMAT = "pipette-cp-cluster/1"
@@ -150,13 +149,13 @@ def cluster_from_mapping(
         n = node_matrix.shape[0]
     else:
         n = len(names) if isinstance(names, list) else _positive_int(data, "num_nodes", where)
-        _require_size(n, g, where)
+        require_size(n, g, where)
         inter = _number(data, "inter_node_bandwidth_gb_per_s", where, required=True)
         assert inter is not None  # required=True raised otherwise
         _link_range(inter, f"{where}.inter_node_bandwidth_gb_per_s", pair=False)
         node_matrix = np.full((n, n), inter * GB)
     if given[0] != "fabric":
-        _require_size(n, g, where)
+        require_size(n, g, where)
     if data.get("num_nodes", n) != n:
         raise SpecError(f"{where}.num_nodes", data["num_nodes"], f"the matrix has {n} nodes")
     for key in ("node_names", "node_groups"):
@@ -209,115 +208,6 @@ def cluster_from_mapping(
                 raise SpecError(f"{where}.{key}_us", value, f"above {MAX_LATENCY_S / US:g} us")
             fields[f"{key}_s"] = value / (1 / US)  # us -> s; keeps 5 us == 5e-6 exactly
     return validate_spec(ClusterSpec, fields, where)
-
-
-def _require_size(n: int, g: int, where: str) -> None:
-    if n * g > MAX_GPUS:
-        raise SpecError(f"{where}.num_nodes", n, f"{n} nodes x gpus_per_node={g} = {n * g} GPUs; "
-                        f"at most {MAX_GPUS} GPUs are modelled")  # fmt: skip
-
-
-def _positive_int(data: dict, key: str, where: str) -> int:
-    value = data.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise SpecError(f"{where}.{key}", value, "expected a positive integer")
-    return value
-
-
-def _number(data: dict, key: str, where: str, required: bool = False) -> float | None:
-    value = data.get(key)
-    if value is None and not required:
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise SpecError(f"{where}.{key}", value, "expected a finite number >= 0")
-    return float(value)
-
-
-def _link_range(gb_per_s: float, field: str, *, pair: bool = True) -> None:
-    """A link's GB/s, > 0, must lie in the range :class:`ClusterSpec` accepts (a
-    node ``pair`` below it is told to be given as failed)."""
-    low, high = MIN_LINK_BYTES_PER_S / GB, MAX_LINK_BYTES_PER_S / GB
-    if gb_per_s < low:
-        hint = "; give 0 or null for a failed link" if pair else ""
-        raise SpecError(field, gb_per_s, f"below {low:g} GB/s{hint}")
-    if gb_per_s > high:
-        raise SpecError(field, gb_per_s, f"above {high:g} GB/s (a unit mistake?)")
-
-
-def bandwidth_rows(value: Any, field: str) -> np.ndarray:
-    """A square GB/s list of lists -> bytes/s; null = 0 (failed); errors name ``field``.
-    A value > 0 must lie in [0.001, 1e6] GB/s (:func:`_link_range`)."""
-    if not isinstance(value, list) or not value or not all(isinstance(r, list) for r in value):
-        raise SpecError(field, value, "expected a non-empty list of rows")
-    n = len(value)
-    for i, row in enumerate(value):
-        if len(row) != n:
-            raise SpecError(
-                f"{field}[{i}]", f"{len(row)} values", f"the matrix must be square ({n} x {n})"
-            )
-        for j, x in enumerate(row):
-            bad = isinstance(x, bool) or not (x is None or isinstance(x, int | float))
-            if bad or (x is not None and (not math.isfinite(x) or x < 0)):
-                raise SpecError(f"{field}[{i}][{j}]", x, "expected a finite bandwidth >= 0 or null")
-            if x:
-                _link_range(x, f"{field}[{i}][{j}]")
-    return np.array([[0.0 if x is None else x * GB for x in row] for row in value])
-
-
-def _node_gpus(data: dict, n: int, where: str) -> list[GpuSpec]:
-    if ("gpu" in data) == ("node_gpu_types" in data):
-        raise SpecError(where, None, "give exactly one of gpu, node_gpu_types")
-    if "gpu" in data:
-        return [resolve_gpu(data["gpu"], f"{where}.gpu")] * n
-    types = data["node_gpu_types"]
-    if not isinstance(types, list) or len(types) != n:
-        raise SpecError(f"{where}.node_gpu_types", types, f"expected a list of {n} GPU types")
-    specs = [resolve_gpu(t, f"{where}.node_gpu_types[{i}]") for i, t in enumerate(types)]
-    for i, s in enumerate(specs):
-        if s != next(x for x in specs if x.name == s.name):
-            raise SpecError(
-                f"{where}.node_gpu_types[{i}]", s.name, "two different GPUs share this name"
-            )
-    return specs
-
-
-def _expand(node: np.ndarray, data: dict, gpus: list[GpuSpec], g: int, where: str) -> np.ndarray:
-    key = "intra_node_bandwidth_gb_per_s"
-    raw = data.get(key)
-    if isinstance(raw, list):
-        intra: Any = bandwidth_rows(raw, f"{where}.{key}")
-        if intra.shape != (g, g):
-            raise SpecError(
-                f"{where}.{key}",
-                f"{intra.shape[0]}x{intra.shape[0]}",
-                f"expected a scalar or {g} x {g}",
-            )
-        return expand_node_matrix(node, intra, g)
-    value = _number(data, key, where)
-    if value:
-        _link_range(value, f"{where}.{key}", pair=False)
-    per_node = [value * GB if value is not None else s.nvlink_bandwidth_bytes_per_s for s in gpus]
-    if g > 1 and min(per_node) <= 0:
-        raise SpecError(f"{where}.{key}", raw, "needed (a GPU type without NVLink)")
-    matrix = expand_node_matrix(node, per_node[0], g)
-    for k, intra_k in enumerate(per_node):
-        block = matrix[k * g : (k + 1) * g, k * g : (k + 1) * g]
-        block[~np.eye(g, dtype=bool)] = intra_k
-    return matrix
-
-
-def _same_node(n: int, g: int) -> np.ndarray:
-    return np.kron(np.eye(n, dtype=bool), np.ones((g, g), dtype=bool))
-
-
-def _default_names(n: int) -> tuple[str, ...]:
-    width = max(3, len(str(n - 1)))
-    return tuple(f"node{i:0{width}d}" for i in range(n))
 
 
 def read_cluster_file(path: str | Path) -> ClusterSpec:

@@ -18,6 +18,7 @@ from pipette_cp.search.rerank import RERANKED
 from pipette_cp.search.sweep import Candidate
 from pipette_cp.solvers import SolveOptions, get_method, work
 from pipette_cp.solvers.extensions import family_violations
+from pipette_cp.solvers.placement.repair import repair_placement
 from pipette_cp.specs import Instance, Plan, SolveInfo
 
 #: Skeletons the greedy fallback tries when no solve succeeded and no default fits.
@@ -33,7 +34,9 @@ def fallback(
     until: float = math.inf,
 ) -> list[Plan]:
     """A plan whenever a heuristic finds one: the best scored skeletons (even split,
-    Megatron's placement) that fit, pass the checker and the user families; if none
+    Megatron's placement, repaired off failed pairs where it crosses one:
+    :func:`~pipette_cp.solvers.placement.repair.repair_placement`) that fit, pass the
+    checker and the user families; if none
     does, the greedy method on the most promising skeletons (each at most 1 s, within
     ``until`` but at least one try; with ``options.deterministic`` each within a
     reference second of work, whatever the clock).  Marked ``heuristic``."""
@@ -47,6 +50,10 @@ def fallback(
             found.append(
                 as_fallback(evaluator, cand.plan, f"{method} (fallback: megatron-default)")
             )
+            continue
+        moved = repair_placement(instance, cand.plan, evaluator)  # off the failed pairs
+        if moved is not cand.plan and usable(instance, moved, options):
+            found.append(as_fallback(evaluator, moved, f"{method} (fallback: repaired order)"))
     greedy = get_method("greedy")
     for k, cand in enumerate(candidates[:FALLBACK_TRIES] if not found else []):
         left = math.inf if options.deterministic else until - time.perf_counter()

@@ -47,6 +47,11 @@ CHUNK = 32
 #: GPUs took about 3 s before the first master solve), s.
 MIN_SOLVE_S_PER_GPU = 1e-3
 
+#: Seconds past the solves' budget a solve still running may take before it is
+#: dropped (its own limit should have stopped it: one that overruns, on a loaded
+#: machine, must not hold the whole command past ``--time-limit``).
+ABANDON_AFTER_S = 2.0
+
 Progress = Callable[[str, int, int], None]
 
 
@@ -176,6 +181,9 @@ def solve_all(
         pending[future] = (k, cand, skeleton, opts, time.perf_counter() + opts.time_limit_s)
 
     while i < len(candidates) or pending or suspects:
+        if suspects and time.perf_counter() > start + budget_s + ABANDON_AFTER_S:
+            stats.skipped_budget += len(suspects)  # the budget is spent: no more retries
+            suspects.clear()
         if suspects and not pending:  # after a crash: the solves in flight, one at a time
             k, cand, skeleton, opts, _ = suspects.popleft()
             hand_out(k, cand, skeleton, opts)
@@ -205,10 +213,17 @@ def solve_all(
             hand_out(i - 1, cand, skeleton, replace(options, time_limit_s=min(share, left)))
         if not pending:
             break
-        timeout = max(
-            0.0, min(d for *_, d in pending.values()) + HANG_GRACE_S - time.perf_counter()
-        )
+        hang_at = min(d for *_, d in pending.values()) + HANG_GRACE_S
+        end = start + budget_s + ABANDON_AFTER_S  # the solves' budget, whatever runs over
+        timeout = max(0.0, min(hang_at, end) - time.perf_counter())
         done, _ = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
+        if not done and end < hang_at:  # past the budget: what is still running is dropped
+            stats.skipped_budget += len(pending)
+            stats.notes.append(f"{len(pending)} solve(s) still running when the budget ended: "
+                               "dropped")  # fmt: skip
+            pending.clear()
+            runner.restart()
+            continue
         if not done:  # a solve far past its limit: restart the workers, retry them once
             _retry(runner, pending, retried, suspects, stats, "hung")
             continue

@@ -1,4 +1,8 @@
-"""The cluster: nodes, GPUs, NICs and the measured GPU-to-GPU bandwidth matrix."""
+"""The cluster: nodes, GPUs, NICs and the measured GPU-to-GPU bandwidth matrix.
+
+The checks that need no :class:`ClusterSpec` (an NVLink domain map's run length, a node
+cut off by failed links) are in :mod:`pipette_cp.specs.cluster_checks`.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,11 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from pipette_cp.errors import SpecError
 from pipette_cp.specs._base import FrozenSpec, Matrix
+from pipette_cp.specs.cluster_checks import (
+    check_no_cut_off_node,
+    check_no_isolated_node,
+    nodes_per_domain,
+)
 from pipette_cp.specs.gpu import GpuSpec
 from pipette_cp.specs.hierarchy import HierarchicalFabric
 from pipette_cp.units import GB
@@ -28,6 +37,16 @@ MAX_LINK_BYTES_PER_S = 1e15
 
 #: Longest start-up latency of one transfer, s (measured ones are micro-seconds).
 MAX_LATENCY_S = 1.0
+
+__all__ = [
+    "MAX_GPUS",
+    "MAX_GPUS_PER_NODE",
+    "MAX_LATENCY_S",
+    "MAX_LINK_BYTES_PER_S",
+    "MIN_LINK_BYTES_PER_S",
+    "ClusterSpec",
+    "nodes_per_domain",
+]
 
 
 class ClusterSpec(FrozenSpec):
@@ -167,7 +186,7 @@ class ClusterSpec(FrozenSpec):
             np.fill_diagonal(fixed, 0.0)
             fixed.flags.writeable = False
             object.__setattr__(self, "bandwidth_bytes_per_s", fixed)
-        self._check_no_isolated_node()
+        check_no_isolated_node(self.matrix, self.gpus_per_node, self.node_names)
         return self
 
     def _fabric_matches(self, fabric: HierarchicalFabric) -> ClusterSpec:
@@ -178,15 +197,7 @@ class ClusterSpec(FrozenSpec):
         if self.nodes_per_nvlink_domain > 1:
             raise ValueError("a hierarchical fabric has one NVLink domain per node: "
                              "nodes_per_nvlink_domain must be 1")  # fmt: skip
-        n = self.num_nodes
-        failed = fabric.node_pairs.bandwidth_bytes_per_s <= 0
-        for ends, side in ((fabric.node_pairs.src, "outgoing"),
-                           (fabric.node_pairs.dst, "incoming")):  # fmt: skip
-            cut = np.flatnonzero(np.bincount(ends[failed], minlength=n) >= max(n - 1, 1))
-            if n > 1 and cut.size:
-                k = int(cut[0])
-                raise ValueError(f"node {k} ({self.node_names[k]}) has every {side} inter-node "
-                                 "link failed; drop it from the cluster")  # fmt: skip
+        check_no_cut_off_node(fabric, self.node_names)
         return self
 
     @property
@@ -209,20 +220,6 @@ class ClusterSpec(FrozenSpec):
     def is_hierarchical(self) -> bool:
         """Whether the links are a :class:`HierarchicalFabric` (no dense matrix)."""
         return self.fabric is not None
-
-    def _check_no_isolated_node(self) -> None:
-        if self.num_nodes < 2:
-            return
-        ok = self.matrix > 0
-        for node in range(self.num_nodes):
-            rows = np.arange(node * self.gpus_per_node, (node + 1) * self.gpus_per_node)
-            outside = np.ones(self.num_gpus, dtype=bool)
-            outside[rows] = False
-            if not (ok[np.ix_(rows, outside)].any() and ok[np.ix_(outside, rows)].any()):
-                raise ValueError(
-                    f"node {node} ({self.node_names[node]}) has every inter-node link failed; "
-                    "drop it from the cluster"
-                )
 
     def __eq__(self, other: object) -> bool:
         # pydantic compares __dict__, which is ambiguous for the numpy matrix.
@@ -375,53 +372,3 @@ class ClusterSpec(FrozenSpec):
             f"{self.nics_per_node} NICs x {self.nic_bandwidth_bytes_per_s / GB:.1f} GB/s"
             + (f", NVLink domains of {domains} nodes" if domains > 1 else "")
         )
-
-
-def nodes_per_domain(domains: object, num_nodes: int, gpus_per_node: int, field: str) -> int:
-    """``nodes_per_nvlink_domain`` of an explicit NVLink domain map: one domain id per
-    node, or per GPU (as ``nvidia-smi -q`` reports a GPU's NVLink clique).
-
-    A domain must be one run of consecutive whole nodes, every domain as long.
-
-    Raises
-    ------
-    SpecError
-        Naming ``field`` and the map: a wrong length or a non-integer id; a node whose
-        GPUs lie in two domains (the map splits a node); a domain whose nodes are not
-        consecutive (domains overlap); domains of different sizes.
-
-    >>> nodes_per_domain([0, 0, 1, 1], 4, 8, "nvlink_domains")
-    2
-    >>> nodes_per_domain([7, 7, 7, 7, 3, 3, 3, 3], 2, 4, "nvlink_domains")
-    1
-    """
-    n, g = num_nodes, gpus_per_node
-    if not isinstance(domains, list | tuple) or not all(
-        isinstance(d, int | np.integer) and not isinstance(d, bool) and d >= 0 for d in domains
-    ):
-        raise SpecError(field, domains, "expected a list of integer domain ids >= 0")
-    if len(domains) not in (n, n * g):
-        raise SpecError(field, domains, f"expected {n} domain ids (one per node) or {n * g} "
-                        "(one per GPU)")  # fmt: skip
-    ids = np.asarray(domains, dtype=np.int64)
-    if len(ids) == n * g and n * g != n:
-        per_node = ids.reshape(n, g)
-        split = np.flatnonzero((per_node != per_node[:, :1]).any(axis=1))
-        if split.size:
-            k = int(split[0])
-            raise SpecError(field, domains, f"node {k} has GPUs in domains "
-                            f"{sorted(set(per_node[k].tolist()))}: a domain must hold whole "
-                            "nodes")  # fmt: skip
-        ids = per_node[:, 0]
-    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-    runs = ids[starts]
-    if len(set(runs.tolist())) < len(runs):
-        again = int(runs[next(i for i, d in enumerate(runs) if d in runs[:i])])
-        nodes = np.flatnonzero(ids == again).tolist()
-        raise SpecError(field, domains, f"domain {again} holds nodes {nodes}, not consecutive: "
-                        "domains overlap; a domain must be a run of consecutive whole nodes")  # fmt: skip
-    sizes = sorted(set(np.diff(np.r_[starts, n]).tolist()))
-    if len(sizes) > 1:
-        raise SpecError(field, domains, f"domains of {' and '.join(map(str, sizes))} nodes: "
-                        f"every domain must hold as many nodes, a divisor of num_nodes={n}")  # fmt: skip
-    return sizes[0]

@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from pipette_cp.checker import check_plan
 from pipette_cp.errors import InfeasibleError
 from pipette_cp.solvers.baselines.common import best_of, finish_plan
 from pipette_cp.solvers.baselines.megatron_default import node_packed_placements
@@ -114,6 +115,20 @@ def repaired(data: PlacementData, seed: int, deadline: float) -> list[tuple[floa
     return [(value, assign)] if np.isfinite(value) else []
 
 
+def _swapped_off_failures(
+    instance: Instance, skeleton: Plan, data: PlacementData, seed: int
+) -> Plan | None:
+    """The first walk's layout with its tensor groups swapped off the failed pairs
+    (:func:`~pipette_cp.solvers.placement.repair.repair_placement`), if that avoids them."""
+    rng = np.random.default_rng(seed)
+    first = lay_out(data, walk(node_costs(data), 0, rng), ring_major=True)
+    if first is None:
+        return None
+    plan = skeleton.model_copy(update={"placement": data.placement(first)})
+    moved = repair_placement(instance, plan, seed=seed)
+    return moved if moved is not plan and not check_plan(instance, moved) else None
+
+
 def greedy(instance: Instance, skeleton: Plan, options: SolveOptions) -> Plan:
     """Fast-link walk placement (see the module docstring), skeleton's layer split, seeded;
     when replicas of a stage may share a node, the better (by the Evaluator) of it and
@@ -138,7 +153,13 @@ def greedy(instance: Instance, skeleton: Plan, options: SolveOptions) -> Plan:
                            objective_s=None, started_at=started)  # fmt: skip
     data = build_placement_data(instance, skeleton)
     found = greedy_assignments(data, options.seed)
-    if not found:  # every walk crosses a failed link: move the culprits
+    if not found:  # every walk crosses a failed link: swap groups off them, fast
+        swapped = _swapped_off_failures(instance, skeleton, data, options.seed)
+        if swapped is not None:
+            return finish_plan(skeleton, layer_split=skeleton.layer_split,
+                               placement=swapped.placement, method="greedy",
+                               objective_s=None, started_at=started)  # fmt: skip
+    if not found:  # still: the local search moves the culprits
         found = repaired(data, options.seed, started + options.time_limit_s)
     objective: float | None = None
     if found:

@@ -24,7 +24,8 @@ Reproduced as the code does it
   S_dp = (h V + 16 h^2 L/p) / t x 2 bytes (``get_dp_msg_size``, GPT weight 16).
   d_i = G / t, d_o = dp / d_i.  docs/design.md, section 2, flaw 1.
 - Moves, each picked uniformly (``get_neighbors``): two_opt, insert, swap,
-  insert_route, insert_reversed, with Pipette's index conventions.
+  insert_route, insert_reversed, with Pipette's index conventions
+  (:mod:`pipette_cp.solvers.baselines.pipette_sa_moves`).
 - Schedule (``annealing``): T0 = 1, T <- 0.999 T every iteration (argparse
   defaults ``--sa_initial_temp 1 --sa_alpha 0.999``); a worse neighbour is taken
   with probability exp(-d'/T) where d' = d / 10^(floor0(log10 d) + 1) scales the
@@ -59,7 +60,6 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,6 +67,12 @@ import numpy as np
 from pipette_cp.errors import LayoutError
 from pipette_cp.solvers import work
 from pipette_cp.solvers.baselines.common import finish_plan
+from pipette_cp.solvers.baselines.pipette_sa_moves import MOVES  # and each move, re-exported:
+from pipette_cp.solvers.baselines.pipette_sa_moves import _insert as _insert
+from pipette_cp.solvers.baselines.pipette_sa_moves import _insert_reversed as _insert_reversed
+from pipette_cp.solvers.baselines.pipette_sa_moves import _insert_route as _insert_route
+from pipette_cp.solvers.baselines.pipette_sa_moves import _swap as _swap
+from pipette_cp.solvers.baselines.pipette_sa_moves import _two_opt as _two_opt
 from pipette_cp.solvers.options import SolveOptions
 from pipette_cp.specs import Instance, Plan
 from pipette_cp.specs.layouts import even_split
@@ -239,62 +245,6 @@ def pipette_latency_s(
     else:
         pipeline = (num_microbatches - 1) * step + pp * step + cost.pp_s
     return pipeline + cost.dp_inner_s + cost.dp_inter_s
-
-
-# ------------------------------------------------------------------ the five moves
-def _two_opt(state: list[int], rng: random.Random) -> None:
-    """Reverse ``state[i:j]`` (``MetaHeuristics.two_opt``)."""
-    i, j = sorted(rng.sample(range(len(state)), 2))
-    state[i:j] = state[i:j][::-1]
-
-
-def _insert(state: list[int], rng: random.Random) -> None:
-    """Move the node at position j to position i (``MetaHeuristics.insert``)."""
-    i, j = rng.sample(range(len(state)), 2)
-    node = state.pop(j)
-    state.insert(i, node)
-
-
-def _swap(state: list[int], rng: random.Random) -> None:
-    """Exchange positions i and j (``MetaHeuristics.swap``)."""
-    i, j = rng.sample(range(len(state)), 2)
-    state[i], state[j] = state[j], state[i]
-
-
-def _cut_route(state: list[int], rng: random.Random) -> tuple[list[int], int]:
-    n = len(state)
-    i, j = sorted((rng.randrange(n), rng.randrange(n)))
-    route = state[i:j]
-    del state[i:j]
-    return route, rng.randrange(n)
-
-
-def _insert_route(state: list[int], rng: random.Random) -> None:
-    """Cut ``state[i:j]`` and re-insert it at a random position (``insert_route``).
-
-    One ``list.insert`` per node, last node first, as Pipette: a position past
-    the shortened list appends, which then reverses the route.
-    """
-    route, at = _cut_route(state, rng)
-    for node in route[::-1]:
-        state.insert(at, node)
-
-
-def _insert_reversed(state: list[int], rng: random.Random) -> None:
-    """As :func:`_insert_route`, first node first (``insert_reversed``)."""
-    route, at = _cut_route(state, rng)
-    for node in route:
-        state.insert(at, node)
-
-
-#: Pipette's ``local_search`` list, in its order.
-MOVES: tuple[Callable[[list[int], random.Random], None], ...] = (
-    _two_opt,
-    _insert,
-    _swap,
-    _insert_route,
-    _insert_reversed,
-)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from pipette_cp.solvers.placement.group_families import (
     add_group_variables,
     group_worst_x,
 )
+from pipette_cp.solvers.placement.nic_families import add_nic_sharing
 from pipette_cp.solvers.placement.symmetry import add_symmetry_breaking, canonical
 
 
@@ -258,48 +259,9 @@ class PlacementModel:
         return flag
 
     def add_nic_sharing(self) -> None:
-        """Flows leaving (entering) a node for another NVLink domain share its NICs (only
-        nodes that hold >= 2 units; a lone unit's share is folded into the pair costs).
-        Also sets the ring latency indicators ``cross[s]`` (the ring leaves a node)."""
-        d, xi = self.data, self.data.xi
-        cl = d.instance.cluster
-        per_node = np.bincount(d.place_node, weights=d.capacity, minlength=cl.num_nodes)
-        shared = [n for n in range(cl.num_nodes) if per_node[n] >= 2]
-        per_count = d.plan.tp / d.nic_capacity
-        edges = d.edges()
-        wide = cl.nodes_per_nvlink_domain > 1  # NIC flows: leaving the domain, not the node
-        ring_flags: dict[tuple[str, int], list[tuple[int, Any, Any]]] = {}
-        for family, var_of in (("hop", lambda s: (xi.hf[s], xi.hb[s])), ("emb", lambda s: (xi.emb,)),
-                               ("ring", lambda s: (xi.ring[s],))):  # fmt: skip
-            for n in shared:
-                for way in ("out", "in"):
-                    by_index: dict[int, list[Any]] = {}
-                    for k, (i, u, v) in enumerate(edges[family]):
-                        a, c = (u, v) if way == "out" else (v, u)
-                        name = f"cross_{family}_{way}_{k}_{n}"
-                        flag = self._crossing(a, c, n, name, domain=wide)
-                        if family == "ring":  # the NIC flag and the node-crossing one
-                            node = self._crossing(a, c, n, f"node_{name}") if wide else flag
-                            ring_flags.setdefault((way, n), []).append((i, flag, node))
-                        elif not (_const(flag) and not flag):
-                            by_index.setdefault(i, []).append(flag)
-                    for i, flags in by_index.items():
-                        nbytes = d.act_bytes if family == "hop" else d.emb_bytes
-                        lat = cl.inter_node_latency_s * (1 if family == "hop" else 2)
-                        self._count_bound(
-                            var_of(i), flags, nbytes * per_count, lat, n, way, family, i
-                        )
-        for (way, n), flags in ring_flags.items():
-            nic = [(i, f) for i, f, _ in flags if not (_const(f) and not f)]
-            everything = [f for _, f in nic]
-            for s in {i for i, _ in nic}:
-                mine = [f for i, f in nic if i == s]
-                coef = d.ring_bytes[s] * per_count
-                self._count_bound((xi.ring[s],), everything, coef, 0.0, n, way, "ring", s, mine)
-            for s, _, f in flags:  # the ring of stage s leaves a node: inter-node latency
-                if not (_const(f) and not f):
-                    self._at_least(self.xvar[xi.cross[s]], f, f"ring_cross_{s}_{way}_{n}")
-        self._lone_units_cross(set(shared))
+        """Flows leaving (entering) a node for another NVLink domain share its NICs
+        (:func:`~pipette_cp.solvers.placement.nic_families.add_nic_sharing`)."""
+        add_nic_sharing(self)
 
     def _at_least(self, big: Any, small: Any, name: str) -> None:
         if _const(small):
@@ -307,37 +269,6 @@ class PlacementModel:
                 self.b.add_linear([(1, big)], ">=", 1, name)
         else:
             self.b.add_linear([(1, big), (-1, small)], ">=", 0, name)
-
-    def _count_bound(self, targets, flags, coef, lat, n, way, family, i, mine=None) -> None:
-        """targets >= lat [some flag of mine] + coef x (number of flags)."""
-        mine = flags if mine is None else mine
-        const = sum(int(f) for f in flags if _const(f))
-        terms = [(coef, f) for f in flags if not _const(f)]
-        if any(_const(f) and f for f in mine):
-            enforce = None
-        else:
-            enforce = self.b.new_bool(f"any_{family}_{way}_{i}_{n}")
-            for f in mine:
-                self._at_least(enforce, f, f"def_any_{family}_{way}_{i}_{n}")
-        for t in targets:
-            if family == "ring":  # product of an indicator and a count: enforced
-                self.b.add_time_bound(
-                    self.xvar[t], terms, coef * const, enforce, f"nic_{family}_{way}_{i}_{n}"
-                )
-            else:  # lat x any + coef x count is exact without enforcement
-                extra = [] if enforce is None else [(lat, enforce)]
-                base = coef * const + (lat if enforce is None else 0.0)
-                self.b.add_time_bound(self.xvar[t], terms + extra, base, None, f"nic_{family}_{way}_{i}_{n}")  # fmt: skip
-
-    def _lone_units_cross(self, shared: set[int]) -> None:
-        """A unit on a node that holds no other unit makes its DP ring cross nodes."""
-        d, xi = self.data, self.data.xi
-        for s, u, _ in d.edges()["ring"]:
-            lone = [x for p, x in self.place[u].items() if int(d.place_node[p]) not in shared]
-            if lone:
-                const = sum(1 for x in lone if _const(x))
-                terms = [(1, self.xvar[xi.cross[s]])] + [(-1, x) for x in lone if not _const(x)]
-                self.b.add_linear(terms, ">=", const, f"ring_cross_lone_{s}_{u}")
 
     def add_compute_classes(self) -> None:
         """``worse[s, c] >= [a unit of stage s on a place of class <= c]`` (ladder)."""

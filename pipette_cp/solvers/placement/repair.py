@@ -1,23 +1,28 @@
-"""Placement on hierarchical fabrics too large for the exact masters.
+"""Placement repair: tensor groups moved off degraded and failed links.
 
-Start from the plan's own placement (Megatron's rank order on the preferred nodes),
-then swap tensor groups between positions (of one stage, or of two) so that the
-data-parallel ring links (position ``r`` to ``r + 1``, per tensor rank) and the
-pipeline hops (stage ``s`` to ``s + 1`` at one position, and the last stage to the
-first with interleaving or tied embeddings) leave the fabric's exceptions: degraded or failed node and
-GPU pairs, which :class:`~pipette_cp.specs.hierarchy.HierarchicalFabric` stores
-sparsely.  A link's *excess* is ``1 / bandwidth - 1 / nominal``, its time per byte
-over what its switch level gives without exceptions (a failed link counts
-:data:`FAILED_EXCESS`); a swap is kept when it lowers the summed excess of the links
-it touches.  Memory is O(units) and every swap reads a handful of links, so a
-100,000-GPU plan is repaired in seconds; the evaluator has the last word (the repaired
-placement is returned only if it is at least as fast).  Slow NICs are not movable by
-these swaps (a node's links all slow down wherever it sits): the node preference of
-the search leaves them idle where a layout does not need every node.
+For clusters too large for the exact masters, and for heuristic plans that cross a
+failed pair.  Start from the plan's own placement (Megatron's rank order on the
+preferred nodes), then swap tensor groups between positions (of one stage, or of two)
+so that the data-parallel ring links (position ``r`` to ``r + 1``, per tensor rank)
+and the pipeline hops (stage ``s`` to ``s + 1`` at one position, and the last stage
+to the first with interleaving or tied embeddings) leave the slow pairs: on a
+:class:`~pipette_cp.specs.hierarchy.HierarchicalFabric` its degraded or failed node
+and GPU pairs, on a dense matrix the pairs well below the median of their kind.  A
+link's *excess* is ``1 / bandwidth - 1 / nominal``, its time per byte over what its
+switch level gives without exceptions (dense: over the median pair inside a node, or
+between two nodes); a failed link counts :data:`FAILED_EXCESS`.  A swap is kept when
+it lowers the summed excess of the links it touches.  Memory is O(units) and every
+swap reads a handful of links, so a 100,000-GPU plan is repaired in seconds; the
+evaluator has the last word (the repaired placement is returned only if it is at
+least as fast, or if the start crosses a failed pair and the repair does not).  The
+swaps start from the links more than :data:`SLOW_SHARE` below their nominal.  Slow
+NICs are not movable by these swaps (a node's links all slow down wherever it sits):
+the node preference of the search leaves them idle where a layout does not need
+every node.
 
-Scope: tensor groups inside one node (``tp <= gpus_per_node``), no context
-parallelism and no experts (their groups cut across positions); other plans come
-back unchanged.
+Scope: tensor groups inside one node (``tp <= gpus_per_node``, one NVLink domain per
+node), no context parallelism and no experts (their groups cut across positions);
+other plans come back unchanged.
 """
 
 from __future__ import annotations
@@ -27,13 +32,15 @@ import numpy as np
 from pipette_cp.cost.evaluate import Evaluator
 from pipette_cp.cost.layout_check import placement_array
 from pipette_cp.errors import PipetteError
-from pipette_cp.specs import Instance, Plan
-from pipette_cp.specs.hierarchy import HierarchicalFabric
+from pipette_cp.specs import ClusterSpec, Instance, Plan
 
 #: Excess of a failed link (s/byte): above any degraded one.
 FAILED_EXCESS = 1.0
 
-#: Swap partners tried per link with an excess, and passes over all such links.
+#: A link this share below its nominal (or failed) is one to move off.
+SLOW_SHARE = 0.1
+
+#: Swap partners tried per such link, and passes over all of them.
 TRIES = 24
 PASSES = 3
 
@@ -41,28 +48,54 @@ PASSES = 3
 def repairable(instance: Instance, plan: Plan) -> bool:
     """Whether :func:`repair_placement` can move ``plan``'s tensor groups."""
     c = instance.cluster
-    return (c.fabric is not None and plan.tp <= c.gpus_per_node and plan.cp == 1
-            and not instance.model.is_moe and plan.replicas > 1)  # fmt: skip
+    return (plan.tp <= c.gpus_per_node and plan.cp == 1 and not instance.model.is_moe
+            and c.nodes_per_nvlink_domain == 1 and plan.replicas > 1)  # fmt: skip
+
+
+def _typical(cluster: ClusterSpec, samples: int = 4096) -> tuple[float, float]:
+    """The median working GPU pair inside a node and between two nodes of a dense
+    cluster (from a seeded sample of pairs), bytes/s."""
+    rng = np.random.default_rng(0)
+    n, g = cluster.num_gpus, cluster.gpus_per_node
+    src = rng.integers(0, n, samples)
+    out: list[float] = []
+    for dst in ((src // g) * g + rng.integers(0, g, samples), rng.integers(0, n, samples)):
+        bw = cluster.links[src, dst]
+        cross = src // g != dst // g
+        keep = (bw > 0) & (src != dst) & (cross if len(out) else ~cross)
+        out.append(float(np.median(bw[keep])) if keep.any() else 1.0)
+    return out[0], out[1]
 
 
 class _Links:
-    """Excess of unit-to-unit links (the slowest of the ``tp`` rank-to-rank flows)."""
+    """Excess of unit-to-unit links (the slowest of the ``tp`` rank-to-rank flows) over
+    the nominal: a fabric's level bandwidth, or, on a dense matrix, the median pair
+    inside a node or between two nodes."""
 
-    def __init__(self, fabric: HierarchicalFabric) -> None:
-        self.fabric = fabric
-        t = fabric._tables()
-        self.level_bw = t["level_bw"]
+    def __init__(self, cluster: ClusterSpec) -> None:
+        self.cluster, self.fabric = cluster, cluster.fabric
+        self.level_bw = self.fabric._tables()["level_bw"] if self.fabric is not None else np.ones(1)
+        self.typical = _typical(cluster) if self.fabric is None else (0.0, 0.0)
 
     def excess(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Per pair of unit GPU arrays ``a[i], b[i]`` (..., tp), the excess, s/byte."""
-        f = self.fabric
-        bw = f.bandwidth(a, b).min(axis=-1)
-        level = f.level_of(a[..., 0], b[..., 0])
-        nominal = np.where(level < 0, f.nvlink_bandwidth_bytes_per_s,
-                           self.level_bw[np.maximum(level, 0)])  # fmt: skip
+        return self.measure(a, b)[0]
+
+    def measure(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The excess, and whether the link is worth moving: failed, or more than
+        :data:`SLOW_SHARE` below its nominal."""
+        f, g = self.fabric, self.cluster.gpus_per_node
+        if f is not None:
+            bw = f.bandwidth(a, b).min(axis=-1)
+            level = f.level_of(a[..., 0], b[..., 0])
+            nominal = np.where(level < 0, f.nvlink_bandwidth_bytes_per_s,
+                               self.level_bw[np.maximum(level, 0)])  # fmt: skip
+        else:
+            bw = self.cluster.links[a, b].min(axis=-1)
+            nominal = np.where(a[..., 0] // g == b[..., 0] // g, *self.typical)
         with np.errstate(divide="ignore"):
             out = np.where(bw > 0, 1.0 / bw - 1.0 / nominal, FAILED_EXCESS)
-        return np.maximum(out, 0.0)
+        return np.maximum(out, 0.0), bw < (1.0 - SLOW_SHARE) * nominal
 
 
 def _touched(s: int, r: int, pp: int, dp: int, wrap: bool) -> list[tuple[int, int, int, int]]:
@@ -111,8 +144,7 @@ def _wraps(instance: Instance, plan: Plan) -> bool:
 
 def repair_units(instance: Instance, plan: Plan, seed: int = 0) -> tuple[np.ndarray, float, float]:
     """The swapped units (pp, replicas, tp) and the summed excess before and after."""
-    assert instance.cluster.fabric is not None
-    links = _Links(instance.cluster.fabric)
+    links = _Links(instance.cluster)
     units = placement_array(plan).copy()
     pp, dp = plan.pp, plan.replicas
     wrap = _wraps(instance, plan)
@@ -121,12 +153,14 @@ def repair_units(instance: Instance, plan: Plan, seed: int = 0) -> tuple[np.ndar
 
     def total() -> tuple[float, np.ndarray]:
         a, b = units[rows[:, 0], rows[:, 1]], units[rows[:, 2], rows[:, 3]]
-        e = links.excess(a, b) + np.where(rows[:, 0] != rows[:, 2], links.excess(b, a), 0.0)
-        return float(e.sum()), e
+        (there, slow), (back, slow_back) = links.measure(a, b), links.measure(b, a)
+        hop = rows[:, 0] != rows[:, 2]
+        e = there + np.where(hop, back, 0.0)
+        return float(e.sum()), slow | (hop & slow_back)
 
-    before, excess = total()
+    before, flagged = total()
     for _ in range(PASSES):
-        bad = rows[excess > 0]
+        bad = rows[flagged]
         if not len(bad):
             break
         moved = False
@@ -144,7 +178,7 @@ def repair_units(instance: Instance, plan: Plan, seed: int = 0) -> tuple[np.ndar
                     moved = True
                     break
                 _swap(units, s, r, s2, r2)  # undo
-        _, excess = total()
+        _, flagged = total()
         if not moved:
             break
     after, _ = total()
