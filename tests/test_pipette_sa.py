@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 import re
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -15,6 +16,7 @@ from pipette_cp.checker.checks import CHECKS, check_no_failed_link
 from pipette_cp.errors import LayoutError
 from pipette_cp.solvers import METHODS, SolveOptions
 from pipette_cp.solvers.baselines import pipette_sa as sa
+from pipette_cp.solvers.baselines.common import finish_plan
 from pipette_cp.specs import Instance, Plan
 from pipette_cp.specs.layouts import make_plan
 
@@ -226,3 +228,12 @@ def test_failed_node_pair_is_avoided_only_where_the_objective_sees_it() -> None:
     # The annealer never returns an infinite-cost state when a finite one exists.
     result = sa.anneal(inputs, seed=0, time_limit_s=30.0, max_iterations=500)
     assert math.isfinite(result.best_cost_s)
+
+
+def test_an_annealer_that_only_finds_failed_states_reports_no_objective() -> None:
+    """Pipette's cost is inf on every state that crosses a failed pair: the plan is
+    still returned (the checker reports it), with no objective rather than an error."""
+    plan = make_plan(num_layers=8, dp=2, pp=2, tp=2, micro_batch_size=1)
+    out = finish_plan(plan, layer_split=plan.layer_split, placement=plan.placement,
+                      method="pipette-sa", objective_s=math.inf, started_at=time.perf_counter())  # fmt: skip
+    assert out.solve_info is not None and out.solve_info.objective is None

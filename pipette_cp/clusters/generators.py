@@ -284,7 +284,7 @@ def _fabric(
     gpn = params.get("gpus_per_node", info.defaults.get("gpus_per_node", 8))
     if isinstance(gpn, int) and nodes * gpn > MAX_GPUS:  # before any matrix is allocated
         raise SpecError("nodes", nodes, f"{nodes} nodes x gpus_per_node={gpn} = {nodes * gpn} "
-                        f"GPUs; at most {MAX_GPUS} GPUs are modelled")  # fmt: skip
+                        f"GPUs; a dense matrix holds at most {MAX_GPUS} (larger: kind fat-tree)")  # fmt: skip
     extra = tuple(sorted({p for b in info.base_kinds.values() for p in parameters_of(b)}))
     rng = np.random.default_rng(seed)
     fabric = call_builder(info.kind, info.builder, rng, nodes, params, extra)

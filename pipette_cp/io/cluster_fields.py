@@ -26,7 +26,7 @@ def require_size(n: int, g: int, where: str) -> None:
     """``n`` nodes of ``g`` GPUs must be at most :data:`~pipette_cp.specs.cluster.MAX_GPUS`."""
     if n * g > MAX_GPUS:
         raise SpecError(f"{where}.num_nodes", n, f"{n} nodes x gpus_per_node={g} = {n * g} GPUs; "
-                        f"at most {MAX_GPUS} GPUs are modelled")  # fmt: skip
+                        f"a dense matrix holds at most {MAX_GPUS} (larger: a fabric: section)")  # fmt: skip
 
 
 def positive_int(data: dict, key: str, where: str) -> int:

@@ -67,12 +67,14 @@ def finish_plan(
     """The skeleton with a new split and placement and a heuristic :class:`SolveInfo`.
 
     ``started_at`` is a :func:`time.perf_counter` reading taken when the method
-    began; any previous evaluation is dropped (it described another layout).
+    began; any previous evaluation is dropped (it described another layout).  An
+    infinite objective (no state of the heuristic avoids the failed pairs) becomes none.
     """
+    finite = objective_s is not None and math.isfinite(objective_s)
     info = SolveInfo(
         method=method,
         status="heuristic",
-        objective=objective_s,
+        objective=objective_s if finite else None,  # inf: every state crosses a failed pair
         wall_time_s=time.perf_counter() - started_at,
     )
     data = skeleton.model_dump()
