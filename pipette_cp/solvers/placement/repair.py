@@ -150,6 +150,7 @@ def repair_units(instance: Instance, plan: Plan, seed: int = 0) -> tuple[np.ndar
     wrap = _wraps(instance, plan)
     rng = np.random.default_rng(seed)
     rows = all_links(plan, wrap)
+    homogeneous = instance.cluster.is_homogeneous
 
     def total() -> tuple[float, np.ndarray]:
         a, b = units[rows[:, 0], rows[:, 1]], units[rows[:, 2], rows[:, 3]]
@@ -166,7 +167,10 @@ def repair_units(instance: Instance, plan: Plan, seed: int = 0) -> tuple[np.ndar
         moved = False
         for row in bad[rng.permutation(len(bad))]:
             s, r = (int(row[0]), int(row[1])) if rng.random() < 0.5 else (int(row[2]), int(row[3]))
-            stages = np.where(rng.random(TRIES) < 0.5, s, rng.integers(0, pp, TRIES))
+            # across stages only where every GPU is alike (a stage's memory and compute
+            # then do not depend on where it sits)
+            across = (rng.random(TRIES) >= 0.5) & homogeneous
+            stages = np.where(across, rng.integers(0, pp, TRIES), s)
             for s2, r2 in zip(stages.tolist(), rng.integers(0, dp, TRIES).tolist(), strict=True):
                 if (s2, r2) == (s, r):
                     continue
