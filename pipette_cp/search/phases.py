@@ -163,8 +163,11 @@ def solve_all(
     Candidates that share degrees with a solved one (another micro-batch, recompute
     or optimizer setting) start from its placement and get half a share: the
     placement mostly carries over, the split is re-solved.  With ``jobs`` workers a
-    share is the sequential one while ``8 jobs`` candidates or more remain, and up to
-    ``jobs`` times it when fewer do (as many solves run at once).
+    share is ``jobs`` times the sequential one (as many solves run at once): the
+    workers solve the layouts one worker would, each with more time, which is what
+    reaches the plans a long sequential search finds (at 0.6 of the budget, 2 workers
+    on 512- and 1,024-GPU instances came within 0.08 % of one worker's full-budget
+    plan, or matched it; with the sequential share they missed by up to 1.4 %).
     ``solved``: appended to as plans come in (an interrupted call leaves them there);
     ``improved``: called with every plan that beats the incumbent."""
     solved = [] if solved is None else solved
@@ -205,7 +208,7 @@ def solve_all(
                 stats.skipped_budget += 1
                 continue
             remaining = len(candidates) - i + 1
-            share = max(jobs * left / max(jobs, min(remaining, 8 * jobs)), 0.5)
+            share = max(jobs * left / max(jobs, min(remaining, 8)), 0.5)
             skeleton, degrees = cand.plan, cand.plan.placement_shape
             if degrees in placed:
                 skeleton = skeleton.model_copy(update={"placement": placed[degrees].placement})
