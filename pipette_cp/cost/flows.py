@@ -32,7 +32,7 @@ class Fabric:
         hierarchical fabric: read pairs with :meth:`pair_bandwidth`).
     latency : numpy.ndarray or None
         Not read (kept for callers that pass one): a flow's start-up latency is the
-        intra- or inter-node value (:meth:`pair_latency`).
+        intra- or inter-node value (on a fabric too).
     node_of : numpy.ndarray
         Node index of every GPU.
     domain_of : numpy.ndarray
@@ -103,14 +103,6 @@ class Fabric:
         assert self.hierarchy is not None
         return self.hierarchy.bandwidth(src, dst)
 
-    def pair_latency(self, src: np.ndarray, dst: np.ndarray, cross: np.ndarray) -> np.ndarray:
-        """Start-up latency of each flow (``cross``: whether it leaves its node): the
-        intra- or inter-node value, on a fabric too (its levels' latencies differ by
-        microseconds; one inter-node value keeps the placement masters' latency terms,
-        which take the same two values, exact)."""
-        del src, dst
-        return np.where(cross, self.inter_node_latency_s, self.intra_node_latency_s)
-
     @property
     def num_gpus(self) -> int:
         return int(self.node_of.shape[0])
@@ -169,7 +161,9 @@ def shared_nic_flows(
     cross = src_node != dst_node
     if not cross.any():
         return bw, np.full(bw.shape, fabric.intra_node_latency_s)
-    latency = fabric.pair_latency(src, dst, cross)
+    # the intra- or inter-node value, on a fabric too: its levels' latencies differ by
+    # microseconds, and one inter-node value keeps the masters' latency terms exact
+    latency = np.where(cross, fabric.inter_node_latency_s, fabric.intra_node_latency_s)
     nic = cross  # through the NICs: the flows that leave an NVLink domain
     if fabric.domain_of is not fabric.node_of:
         nic = fabric.domain_of[src] != fabric.domain_of[dst]

@@ -31,10 +31,8 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from pipette_cp.checker import check_plan
 from pipette_cp.cost.evaluate import Evaluator
-from pipette_cp.search.phases import in_order
-from pipette_cp.search.rerank import plan_time
+from pipette_cp.search.phases import accept, in_order
 from pipette_cp.search.sweep import Candidate, merge_sweep
 from pipette_cp.search.workers import (
     HANG_GRACE_S,
@@ -45,7 +43,6 @@ from pipette_cp.search.workers import (
     sweep_metered,
 )
 from pipette_cp.solvers import SolveOptions, work
-from pipette_cp.solvers.extensions import family_violations
 from pipette_cp.specs import Instance, Plan
 
 #: Work charged per layout bounded and per skeleton scored, reference s (measured on
@@ -165,25 +162,8 @@ def solve_ordered(
         if plan is None:
             stats.method_failures += 1
             continue
-        stats.solved += 1
-        stats.with_gap += plan.solve_info is not None and plan.solve_info.gap is not None
-        evaluation = evaluator.evaluate(plan)
-        if (
-            not evaluation.fits
-            or check_plan(instance, plan)
-            or family_violations(options.constraints, instance, plan)
-        ):
-            stats.method_failures += 1
-            continue
-        evaluated = plan.model_copy(update={"evaluation": evaluation})
-        if evaluation.iteration_time_s * weight(plan) < best:
-            best = evaluation.iteration_time_s * weight(plan)
-            if improved is not None:
-                improved(evaluated)
-        degrees = plan.placement_shape
-        if degrees not in placed or plan_time(placed[degrees]) > evaluation.iteration_time_s:
-            placed[degrees] = evaluated
-        solved.append(evaluated)
+        best = accept(instance, plan, evaluator.evaluate(plan), stats, options, weight, best,
+                      improved, placed, solved)  # fmt: skip
     return solved
 
 

@@ -242,25 +242,38 @@ def solve_all(
             except PipetteError:  # infeasible, a layout the method cannot express, timed out
                 stats.method_failures += 1
                 continue
-            stats.solved += 1
-            stats.with_gap += plan.solve_info is not None and plan.solve_info.gap is not None
-            if (
-                not evaluation.fits
-                or check_plan(instance, plan)
-                or family_violations(options.constraints, instance, plan)
-            ):
-                stats.method_failures += 1
-                continue
-            evaluated = plan.model_copy(update={"evaluation": evaluation})
-            if evaluation.iteration_time_s * weight(plan) < best:
-                best = evaluation.iteration_time_s * weight(plan)
-                if improved is not None:
-                    improved(evaluated)
-            degrees = plan.placement_shape
-            if degrees not in placed or plan_time(placed[degrees]) > evaluation.iteration_time_s:
-                placed[degrees] = evaluated
-            solved.append(evaluated)
+            best = accept(instance, plan, evaluation, stats, options, weight, best, improved,
+                          placed, solved)  # fmt: skip
     return solved
+
+
+def accept(
+    instance: Instance, plan: Plan, evaluation: Any, stats: Any, options: SolveOptions,
+    weight: Callable[[Plan], float], best: float, improved: Callable[[Plan], None] | None,
+    placed: dict[tuple[int, int, int], Plan], solved: list[Plan],
+) -> float:  # fmt: skip
+    """Count a finished solve; keep its plan (in ``solved``, and in ``placed`` as the warm
+    start of its degrees) if it fits, passes the checker and the user families; call
+    ``improved`` when it beats ``best``.  Returns the incumbent after it."""
+    stats.solved += 1
+    stats.with_gap += plan.solve_info is not None and plan.solve_info.gap is not None
+    if (
+        not evaluation.fits
+        or check_plan(instance, plan)
+        or family_violations(options.constraints, instance, plan)
+    ):
+        stats.method_failures += 1
+        return best
+    evaluated = plan.model_copy(update={"evaluation": evaluation})
+    if evaluation.iteration_time_s * weight(plan) < best:
+        best = evaluation.iteration_time_s * weight(plan)
+        if improved is not None:
+            improved(evaluated)
+    degrees = plan.placement_shape
+    if degrees not in placed or plan_time(placed[degrees]) > evaluation.iteration_time_s:
+        placed[degrees] = evaluated
+    solved.append(evaluated)
+    return best
 
 
 def _retry(runner: Runner, pending: dict, retried: set[int], suspects: deque, stats: Any,
@@ -289,6 +302,7 @@ def _retry(runner: Runner, pending: dict, retried: set[int], suspects: deque, st
 __all__ = [
     "Bounded",
     "Scored",
+    "accept",
     "bound_layouts",
     "in_order",
     "score_all",
