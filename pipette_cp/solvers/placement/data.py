@@ -26,6 +26,7 @@ objective and the Evaluator agree by construction, and the tests check it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -163,6 +164,8 @@ class PlacementData:
     #: context-parallel rings, expert groups and expert rings (None: the layout has none)
     groups: GroupTables | None = None
     xi: XIndex = field(init=False)
+    #: values computed once per problem (class cost matrices, per-class bounds)
+    memo: dict = field(init=False, default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.place_domain is None:
@@ -220,19 +223,35 @@ class PlacementData:
         return out
 
     # ------------------------------------------------------------ pair costs (s)
+    def _cost(self, key: tuple, make: Callable[[], np.ndarray]) -> np.ndarray:
+        """A pair cost matrix, computed once per problem (read-only)."""
+        if ("cost", key) not in self.memo:
+            matrix = make()
+            matrix.flags.writeable = False
+            self.memo["cost", key] = matrix
+        return self.memo["cost", key]
+
     def hop_cost(self) -> np.ndarray:
         """Activation flow p -> q alone with one unit's NIC share: latency + bytes / bw."""
-        return self.latency + self.act_bytes * self.inv_bw
+        return self._cost(("hop",), lambda: self.latency + self.act_bytes * self.inv_bw)
+
+    def hop_back_cost(self) -> np.ndarray:
+        """The gradient flow back over a hop whose activations go p -> q (q -> p)."""
+        return self._cost(("hop back",), lambda: self.latency + self.act_bytes * self.inv_bw.T)
 
     def ring_cost(self, stage: int) -> np.ndarray:
         """Bandwidth part of ``stage``'s DP sync if its slowest link is p -> q."""
-        if not self.ring_bytes[stage]:
-            return np.zeros_like(self.inv_bw)
-        return self.ring_bytes[stage] * self.inv_bw
+        size = float(self.ring_bytes[stage])
+        if not size:
+            return self._cost(("ring", 0.0), lambda: np.zeros_like(self.inv_bw))
+        return self._cost(("ring", size), lambda: size * self.inv_bw)
 
     def emb_cost(self) -> np.ndarray:
         """Tied-embedding all-reduce between p and q (both directions)."""
-        return self.emb_bytes * np.maximum(self.inv_bw, self.inv_bw.T) + 2.0 * self.latency
+        return self._cost(
+            ("emb",),
+            lambda: self.emb_bytes * np.maximum(self.inv_bw, self.inv_bw.T) + 2.0 * self.latency,
+        )
 
     # ------------------------------------------------------------ assignments
     def realise(self, assign: np.ndarray) -> np.ndarray:

@@ -81,20 +81,22 @@ class CutPool:
         return intercept, g
 
 
-def class_costs(data: PlacementData) -> list[tuple[int, np.ndarray, int, int]]:
-    """``(position in x, pair cost matrix, stage of u, stage of v)`` of every class."""
+def class_costs(data: PlacementData) -> list[tuple[int, np.ndarray, int, int, tuple]]:
+    """``(position in x, pair cost matrix, stage of u, stage of v, key)`` of every class
+    (classes of one key have one cost matrix)."""
     d, xi, pp = data, data.xi, data.plan.pp
-    out = []
-    bwd = d.latency + d.act_bytes * d.inv_bw.T
+    out: list[tuple[int, np.ndarray, int, int, tuple]] = []
     for s in range(d.hops):
         out += [
-            (int(xi.hf[s]), d.hop_cost(), s, (s + 1) % pp),
-            (int(xi.hb[s]), bwd, s, (s + 1) % pp),
+            (int(xi.hf[s]), d.hop_cost(), s, (s + 1) % pp, ("hf",)),
+            (int(xi.hb[s]), d.hop_back_cost(), s, (s + 1) % pp, ("hb",)),
         ]
     if d.plan.replicas > 1:
-        out += [(int(xi.ring[s]), d.ring_cost(s), s, s) for s in range(pp)]
+        for s in range(pp):
+            key = ("ring", float(d.ring_bytes[s]))
+            out.append((int(xi.ring[s]), d.ring_cost(s), s, s, key))
     if xi.emb is not None:
-        out.append((xi.emb, d.emb_cost(), 0, pp - 1))
+        out.append((xi.emb, d.emb_cost(), 0, pp - 1, ("emb",)))
     return out
 
 
@@ -157,21 +159,35 @@ def lower_x(data: PlacementData, upper: np.ndarray | None = None) -> np.ndarray:
     ``upper`` (a class's largest value in any improving placement) are left out."""
     d, dp = data, data.plan.replicas
     x = np.zeros(d.xi.size)
-    for i, cost, a, b in class_costs(d):
-        rows, cols = np.flatnonzero(d.allowed[a]), np.flatnonzero(d.allowed[b])
-        c = cost[np.ix_(rows, cols)].copy()
-        c[(rows[:, None] == cols[None, :]) & (d.capacity[rows] < 2)[:, None]] = np.inf
-        if upper is not None:
-            c[c > upper[i]] = np.inf
-        for mins, places in ((c.min(axis=1), rows), (c.min(axis=0), cols)):
-            ranked = np.sort(np.repeat(mins, d.capacity[places]))
-            value = float(ranked[min(dp, len(ranked)) - 1])
-            x[i] = max(x[i], value if np.isfinite(value) else 0.0)
-        if a == b and len(rows) <= RING_BOUND_PLACES:  # a DP ring: it must connect its places
-            x[i] = max(x[i], ring_bound(c, d.capacity[rows], dp))
+    masks = [row.tobytes() for row in d.allowed]
+    for i, cost, a, b, key in class_costs(d):
+        top = None if upper is None else float(upper[i])
+        # a class's value depends on its costs, its stages' places and its cap only
+        memo_key = ("lower", key, masks[a], masks[b], a == b, top)
+        if memo_key not in d.memo:
+            d.memo[memo_key] = _class_lower(d, cost, a, b, top)
+        x[i] = d.memo[memo_key]
     if dp > 1:
         x[d.xi.cross] = 0.0 if d.multi else 1.0
     return x
+
+
+def _class_lower(d: PlacementData, cost: np.ndarray, a: int, b: int, top: float | None) -> float:
+    """:func:`lower_x` of one class with flows from stage ``a`` to ``b`` over ``cost``."""
+    dp = d.plan.replicas
+    rows, cols = np.flatnonzero(d.allowed[a]), np.flatnonzero(d.allowed[b])
+    c = cost[np.ix_(rows, cols)].copy()
+    c[(rows[:, None] == cols[None, :]) & (d.capacity[rows] < 2)[:, None]] = np.inf
+    if top is not None:
+        c[c > top] = np.inf
+    value = 0.0
+    for mins, places in ((c.min(axis=1), rows), (c.min(axis=0), cols)):
+        ranked = np.sort(np.repeat(mins, d.capacity[places]))
+        least = float(ranked[min(dp, len(ranked)) - 1])
+        value = max(value, least if np.isfinite(least) else 0.0)
+    if a == b and len(rows) <= RING_BOUND_PLACES:  # a DP ring: it must connect its places
+        value = max(value, ring_bound(c, d.capacity[rows], dp))
+    return value
 
 
 def two_level_floor_x(data: PlacementData) -> np.ndarray:
@@ -218,7 +234,7 @@ def worst_x(data: PlacementData) -> np.ndarray:
     g = data.instance.cluster.gpus_per_node
     share = g / data.nic_capacity
     lat = data.instance.cluster.inter_node_latency_s
-    for i, cost, _, _ in class_costs(data):
+    for i, cost, *_ in class_costs(data):
         x[i] = float(cost[np.isfinite(cost)].max(initial=0.0))
     for i in (*data.xi.hf, *data.xi.hb):
         x[i] = max(x[i], lat + data.act_bytes * share)

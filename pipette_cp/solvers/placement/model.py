@@ -225,7 +225,7 @@ class PlacementModel:
         """Each boundary's activation and gradient hop >= every replica's flow time."""
         d, xi = self.data, self.data.xi
         fwd = d.hop_cost()
-        bwd = d.latency + d.act_bytes * d.inv_bw.T
+        bwd = d.hop_back_cost()
         for s, u, v in d.edges()["hop"]:
             self._max_over_pairs(int(xi.hf[s]), fwd, u, v, f"hop_fwd_{s}_{u}")
             self._max_over_pairs(int(xi.hb[s]), bwd, u, v, f"hop_bwd_{s}_{u}")
