@@ -14,6 +14,7 @@ from pipette_cp.io.instance_file import load_instance
 from pipette_cp.search import phases, search
 from pipette_cp.search.ray_runner import check_address
 from pipette_cp.search.workers import check_jobs, solve_skeleton
+from pipette_cp.specs import SearchSpace
 from pipette_cp.suite import BenchStore, make_executor, prepare_jobs, run_bench
 
 #: a small bundled instance whose every solve ends well inside its share (so the plans
@@ -113,6 +114,38 @@ def test_a_solve_past_the_budget_is_dropped_not_waited_for(small, monkeypatch) -
     # dropped at the budget's end, not waited for as a hang (30 s) and retried
     assert "still running when the budget ended: dropped" in notes and "hung" not in notes
     assert result.plans  # the greedy sweep's plans remain
+
+
+def _logs_threads(skeleton, options):
+    with open(os.environ["PIPETTE_TEST_LOG"], "a") as log:
+        log.write(f"{skeleton.layout()} {options.workers}\n")
+    return solve_skeleton(skeleton, options)
+
+
+def _threads(path: Path) -> list[int]:
+    return [int(line.split()[1]) for line in path.read_text().splitlines()]
+
+
+def test_the_last_solve_takes_the_cores_that_would_idle(small, tmp_path, monkeypatch) -> None:
+    log = tmp_path / "solves"
+    monkeypatch.setenv("PIPETTE_TEST_LOG", str(log))
+    monkeypatch.setattr(phases, "solve_skeleton", _logs_threads)
+    one = SearchSpace(tp=(2,), pp=(2,), dp=(2,), micro_batch_size=(1,), vpp=(1,),
+                      sequence_parallel=(True,), recompute=("none",),
+                      distributed_optimizer=(True,), flash_attention=(True,),
+                      use_all_gpus=True)  # fmt: skip
+    result = search(small, time_limit_s=30, jobs=2, space=one)
+    assert [p.layout() for p in result.plans] == ["dp2-pp2-tp2-mb1-sp-do"]
+    assert _threads(log) == [2]  # one layout: the second core joins its CP-SAT search
+    log.unlink()
+    search(small, time_limit_s=60, jobs=2)
+    threads = _threads(log)
+    # a core is never taken from another solve: only the last one handed out (among the
+    # last two to start) may have two
+    assert len(threads) > 2 and set(threads[:-2]) == {1} and threads.count(2) <= 1
+    log.unlink()
+    search(small, time_limit_s=30, jobs=1, space=one)
+    assert _threads(log) == [1]
 
 
 def test_ctrl_c_after_the_first_plan_returns_the_best_plan_so_far(small) -> None:

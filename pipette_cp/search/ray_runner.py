@@ -75,6 +75,7 @@ class RayRunner:
     ) -> None:  # fmt: skip
         self.ray = import_ray()
         self.jobs = jobs
+        self.shares_cores = False  # actors may be on other machines, one core each
         if not self.ray.is_initialized():
             if address is not None:
                 self.ray.init(address=check_address(address), log_to_driver=False)

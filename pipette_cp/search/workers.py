@@ -223,6 +223,8 @@ class Runner(Protocol):
 
     jobs: int
     lost: tuple[type[BaseException], ...]
+    #: whether the workers share this machine's cores (idle ones may go to one solve)
+    shares_cores: bool
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future: ...
 
@@ -236,6 +238,7 @@ class InlineRunner:
 
     jobs = 1
     lost: tuple[type[BaseException], ...] = ()
+    shares_cores = True
 
     def __init__(self, instance: Instance, method: str, layouts: Sequence[Plan]) -> None:
         self._args = (instance, method, layouts)
@@ -263,6 +266,7 @@ class ProcessRunner:
     def __init__(self, instance: Instance, method: str, layouts: Sequence[Plan], jobs: int) -> None:
         self.jobs = jobs
         self.lost: tuple[type[BaseException], ...] = (BrokenProcessPool,)
+        self.shares_cores = True
         self._args = (instance, method, layouts)
         methods = multiprocessing.get_all_start_methods()
         self._context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
