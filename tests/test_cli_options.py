@@ -8,6 +8,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from pipette_cp.cli import app
+from pipette_cp.cli.outputs import instance_text
+from pipette_cp.clusters.gen_hierarchy import fat_tree_cluster
 from pipette_cp.io.instance_file import load_instance
 from pipette_cp.specs import Plan
 
@@ -120,3 +122,30 @@ def test_bad_replacements_are_one_line_errors(tmp_path: Path) -> None:
     assert code == 2 and "no-such-model" in out and len(out.strip().splitlines()) == 1
     code, out = run("predict", "--seq-length", "0")
     assert code == 2 and "seq_length" in out
+
+
+def test_solve_with_a_replaced_batch_writes_the_bundled_cluster_inline(tmp_path: Path) -> None:
+    plan_path = tmp_path / "plan.json"
+    code, out = run(
+        "solve", "gpt3-1.3b-nominal-8", "--global-batch", "64", "--method", "greedy",
+        "--time-limit", "5", "-o", str(plan_path),
+    )  # fmt: skip
+    assert code == 0, out
+    inst = load_instance(tmp_path / "plan.instance.yaml")
+    bundled = load_instance("gpt3-1.3b-nominal-8")
+    assert inst.training.global_batch_size == 64
+    assert inst.cluster.node_names == bundled.cluster.node_names
+    assert (inst.cluster.matrix == bundled.cluster.matrix).all()
+    code, out = run("export", str(plan_path), "--megatron")
+    assert code == 0 and "--global-batch-size 64" in out
+
+
+def test_an_instance_on_a_fabric_is_written_inline_and_reloads(tmp_path: Path) -> None:
+    bundled = load_instance("gpt3-1.3b-nominal-8")
+    cluster = fat_tree_cluster(64, seed=1, leaf_nodes=4)
+    inst = bundled.model_copy(update={"cluster": cluster, "name": "on-a-fat-tree"})
+    at = tmp_path / "plan.instance.yaml"
+    at.write_text(instance_text(inst, at, None, None))
+    again = load_instance(at)
+    assert again.cluster.fabric == cluster.fabric
+    assert again.cluster.node_names == cluster.node_names

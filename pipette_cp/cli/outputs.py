@@ -17,10 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pipette_cp.errors import SpecError
-from pipette_cp.io.cluster_file import cluster_to_mapping
+from pipette_cp.io.cluster_file import cluster_to_mapping, yaml_text
 from pipette_cp.search.ray_runner import check_address, import_ray
 from pipette_cp.search.runners import EXECUTORS
 from pipette_cp.search.workers import check_jobs, default_jobs
@@ -117,7 +115,7 @@ def instance_text(inst: Instance, at: Path, cluster: Path | None, profile: Path 
     if cluster is None:
         data["cluster"] = cluster_to_mapping(inst.cluster, decimals=None)
     document = {k: v for k, v in data.items() if v is not None}
-    return yaml.safe_dump(document, sort_keys=False, width=120)
+    return yaml_text(document)
 
 
 def write_atomically(path: Path, text: str) -> None:

@@ -333,10 +333,10 @@ def write_cluster_file(
     big = cluster.fabric is not None and exception_count(cluster.fabric) > INLINE_EXCEPTIONS_MAX
     sidecar = p.with_name(p.stem + ".npz") if big else None
     comment = "".join(f"# {line}".rstrip() + "\n" for line in header.splitlines())
-    body = yaml.dump(
-        cluster_to_mapping(cluster, decimals, sidecar),
-        Dumper=_Dumper,
-        sort_keys=False,
-        width=4096,
-    )
-    p.write_text(comment + body, encoding="utf-8")
+    p.write_text(comment + yaml_text(cluster_to_mapping(cluster, decimals, sidecar)),
+                 encoding="utf-8")  # fmt: skip
+
+
+def yaml_text(document: dict[str, Any]) -> str:
+    """YAML of a document holding :func:`cluster_to_mapping` parts (rows in flow style)."""
+    return yaml.dump(document, Dumper=_Dumper, sort_keys=False, width=4096)
