@@ -280,10 +280,10 @@ def solve_threads(workers: int, jobs: int, in_flight: int, waiting: list, runner
     """CP-SAT workers of a solve handed out now: ``workers``, or, for the last candidate
     while fewer than ``jobs`` solves run on this machine's worker processes, also the
     cores no other solve will take (they would idle).  Only there: at equal wall time
-    (10 s, :mod:`~pipette_cp.experiments.cpsat_workers`) a second CP-SAT worker found a
-    0.9-3.4 % better plan where the CP-SAT search dominates the solve (dp128-pp2 on
-    gpt-sc21-18b-g3-256, dp256-pp2 on gpt-sc21-39b-g3-1024), the same one on
-    gpt3-175b-g1-1024, and a 0.6 % worse one where the solve's Python (cuts, split)
+    (10 s, :mod:`~pipette_cp.experiments.cpsat_workers`, two runs) a second CP-SAT worker
+    found a 0.9-3.4 % better plan where the CP-SAT search dominates the solve (dp128-pp2
+    on gpt-sc21-18b-g3-256, dp256-pp2 on gpt-sc21-39b-g3-1024), the same one on
+    gpt3-175b-g1-1024, and a 0.1-0.6 % worse one where the solve's Python (cuts, split)
     dominates (dp32-pp16-vpp4 on gpt-sc21-530b-g3-4096), so a core is never taken from
     another layout's solve.  Ray actors may sit on other machines, each holding one
     core: there ``workers``."""
