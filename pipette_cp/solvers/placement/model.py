@@ -8,7 +8,7 @@ same model and the constraint families carry the checker's names
 ``memory_limit``) plus the cost families.
 
 Variables: ``place[u, p]`` (unit ``u`` on place ``p``) for ``p`` in the unit's
-domain; the time variables of :class:`~pipette_cp.solvers.placement.data.XIndex`
+domain; the time variables of :class:`~pipette_cp.solvers.placement.xindex.XIndex`
 (hop, ring, embedding times, ring-crossing and compute-class indicators);
 ``t`` the iteration time, bounded below by Kelley cuts
 (:mod:`pipette_cp.solvers.cuts`).  Every cost constraint is a lower bound on a
