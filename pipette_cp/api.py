@@ -73,10 +73,10 @@ def solve(
     jobs, executor, ray_address
         Workers for the layouts' bounds, scores and solves: processes here
         (``"local"``) or Ray actors (``"ray"``, on the cluster at ``ray_address`` or a
-        local one); see :mod:`pipette_cp.search.workers`.
+        local one); see :mod:`pipette_cp.search.executors.workers`.
     deterministic
         Budget by work, not wall time: ``time_limit_s`` is then reference seconds of
-        work (:mod:`pipette_cp.search.ordered`), and the same arguments give the same
+        work (:mod:`pipette_cp.search.deterministic`), and the same arguments give the same
         plans on any machine, for any ``jobs``; not with the ``milp`` methods (a
         :class:`~pipette_cp.errors.SpecError`).
 
@@ -148,7 +148,7 @@ def solve_robust(
     Examples
     --------
     >>> from pipette_cp.api import solve_robust
-    >>> from pipette_cp.clusters.generators import generate_timeline
+    >>> from pipette_cp.clusters.generators.registry import generate_timeline
     >>> snaps = generate_timeline("failslow", nodes=2, seed=0, snapshots=2)
     >>> result = solve_robust("gpt3-1.3b-nominal-8", snaps, method="greedy", time_limit_s=5)
     >>> result.scores_s[0] == max(result.times_s[0])

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,8 +14,13 @@ from hypothesis import HealthCheck, settings
 from pipette_cp.clusters.expand import cluster_from_node_matrix
 from pipette_cp.specs import Instance, ModelSpec, SearchSpace, TrainingSpec, resolve_gpu
 
-# ``HYPOTHESIS_PROFILE=fuzz pytest tests/test_fuzz.py tests/test_fuzz_evaluator.py tests/test_fuzz_inputs.py``: the long
-# fuzzing run (tests/fuzz_strategies.py multiplies its example counts under this profile).
+#: the tests folder, its data files, and the repository root
+TESTS = Path(__file__).resolve().parent
+FIXTURES = TESTS / "fixtures"
+ROOT = TESTS.parent
+
+# ``HYPOTHESIS_PROFILE=fuzz pytest tests/property/test_search.py tests/property/test_evaluator.py tests/property/test_inputs.py``: the long
+# fuzzing run (tests/property/strategies.py multiplies its example counts under this profile).
 settings.register_profile(
     "fuzz",
     max_examples=2000,
@@ -60,3 +68,12 @@ def small_instance(
 @pytest.fixture
 def instance() -> Instance:
     return small_instance()
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temporary folder with a short path of fixed length: error messages cut long values
+    at 80 characters, so a message naming a file here does not depend on the test's name or
+    on the worker running it."""
+    with tempfile.TemporaryDirectory(prefix="t") as folder:
+        yield Path(folder)

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipette_cp.cost.evaluate import Evaluator
-from pipette_cp.cost.memory import memory_by_stage, usable_memory_bytes
-from pipette_cp.cost.rings import best_ring, ring_links
+from pipette_cp.cost.evaluator.evaluate import Evaluator
+from pipette_cp.cost.memory.peak import memory_by_stage, usable_memory_bytes
+from pipette_cp.cost.network.tp_rings import best_ring, ring_links
 from pipette_cp.errors import InfeasibleError, PipetteError
 from pipette_cp.specs import Instance, Plan
 
@@ -105,7 +105,7 @@ def communication_pairs(
     stage also feeds stage 0 (next model chunk).  dp: the ring of each stage and
     tp rank over the replicas (dp x cp of them) in replica order, both directions.  tp: the links
     ``u -> next(u)`` of the ring inside each unit, in rank order or, given the GPU x
-    GPU ``bandwidth``, in the order NCCL picks (:func:`~pipette_cp.cost.rings.best_ring`:
+    GPU ``bandwidth``, in the order NCCL picks (:func:`~pipette_cp.cost.network.tp_rings.best_ring`:
     the ring the Evaluator charges).  embedding: first and last stage of a replica
     (tied embeddings, pp > 1).  cp and ep: see :func:`_group_pairs`."""
     pairs: dict[str, set[tuple[int, int]]] = {

@@ -25,19 +25,19 @@ from pipette_cp.cli.cluster_import import (
 from pipette_cp.cli.cluster_import import write_and_report as _write
 from pipette_cp.cli.console import console
 from pipette_cp.clusters.compare import DriftReport, compare_clusters
-from pipette_cp.clusters.generators import generate, generate_timeline
+from pipette_cp.clusters.generators.registry import generate, generate_timeline
 from pipette_cp.errors import SpecError
 from pipette_cp.io.cluster_file import read_cluster_file
-from pipette_cp.io.fabric_import import dense_twin
 from pipette_cp.io.files import read_mapping
 from pipette_cp.io.instance_file import load_instance
-from pipette_cp.io.measure_plan import (
+from pipette_cp.io.measurements.fabric_import import dense_twin
+from pipette_cp.io.measurements.measure_script import (
     import_command,
     plan_measurement,
     read_hostfile,
     write_measure_plan,
 )
-from pipette_cp.io.nccl_pairwise import convert_nccl_tests_dir
+from pipette_cp.io.measurements.nccl_pairwise import convert_nccl_tests_dir
 from pipette_cp.specs import ClusterSpec
 from pipette_cp.units import GB
 

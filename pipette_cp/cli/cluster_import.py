@@ -20,15 +20,15 @@ from pipette_cp.cli.console import console
 from pipette_cp.errors import SpecError
 from pipette_cp.io.cluster_file import write_cluster_file
 from pipette_cp.io.fabric_file import INLINE_EXCEPTIONS_MAX, exception_count, fabric_summary
-from pipette_cp.io.fabric_import import fabric_from_dense, levels_option
 from pipette_cp.io.matrix_files import (
     LabelledMatrix,
     cluster_from_matrix,
     read_matrix_csv,
     read_pipette_json,
 )
-from pipette_cp.io.mpigraph import read_mpigraph
-from pipette_cp.io.nccl_pairwise import convert_nccl_tests_dir
+from pipette_cp.io.measurements.fabric_import import fabric_from_dense, levels_option
+from pipette_cp.io.measurements.mpigraph import read_mpigraph
+from pipette_cp.io.measurements.nccl_pairwise import convert_nccl_tests_dir
 from pipette_cp.specs import ClusterSpec, resolve_gpu
 from pipette_cp.units import GB
 

@@ -11,8 +11,8 @@ import typer
 from pipette_cp.cli.console import console
 from pipette_cp.cli.options import PlanInstanceOption, load_plan
 from pipette_cp.errors import SpecError
-from pipette_cp.report.sensitivity import sensitivity
-from pipette_cp.report.sensitivity_view import (
+from pipette_cp.report.sensitivity.analysis import sensitivity
+from pipette_cp.report.sensitivity.view import (
     sensitivity_figure,
     sensitivity_json,
     sensitivity_tables,

@@ -9,10 +9,10 @@ import typer
 
 from pipette_cp.cli.console import console
 from pipette_cp.cli.options import PlanInstanceOption, load_plan
-from pipette_cp.cost.evaluate import simulate
+from pipette_cp.cost.evaluator.evaluate import simulate
 from pipette_cp.errors import SpecError
 from pipette_cp.report.launch import write_launch_files
-from pipette_cp.report.megatron import check_export, megatron_args, megatron_notes
+from pipette_cp.report.megatron.flags import check_export, megatron_args, megatron_notes
 from pipette_cp.report.plots import placement_figure, timeline_figure
 
 

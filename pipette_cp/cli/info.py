@@ -11,8 +11,8 @@ import typer
 from rich.table import Table
 
 from pipette_cp.cli.console import console
-from pipette_cp.clusters.gen_trees import TREE_GENERATORS
-from pipette_cp.clusters.generators import ALL_GENERATORS
+from pipette_cp.clusters.generators.registry import ALL_GENERATORS
+from pipette_cp.clusters.generators.trees import TREE_GENERATORS
 from pipette_cp.io.cluster_file import read_cluster_file
 from pipette_cp.io.files import read_mapping
 from pipette_cp.io.instance_file import DEFAULT_INSTANCE, list_instances, load_instance

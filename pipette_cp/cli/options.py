@@ -24,7 +24,7 @@ import typer
 import yaml
 from pydantic import ValidationError
 
-from pipette_cp.cost.layout_check import validate_layout
+from pipette_cp.cost.evaluator.layout_rules import validate_layout
 from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.cluster_file import read_cluster_file
 from pipette_cp.io.files import read_text

@@ -19,9 +19,9 @@ from typing import Any
 
 from pipette_cp.errors import SpecError
 from pipette_cp.io.cluster_file import cluster_to_mapping, yaml_text
-from pipette_cp.search.ray_runner import check_address, import_ray
-from pipette_cp.search.runners import EXECUTORS
-from pipette_cp.search.workers import check_jobs, default_jobs
+from pipette_cp.search.executors.ray_actors import check_address, import_ray
+from pipette_cp.search.executors.runners import EXECUTORS
+from pipette_cp.search.executors.workers import check_jobs, default_jobs
 from pipette_cp.specs import Instance
 
 #: Seconds kept at the end of ``--time-limit`` for printing and writing the result.

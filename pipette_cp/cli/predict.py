@@ -20,8 +20,8 @@ from pipette_cp.cli.options import (
     read_plan,
     resolve_instance,
 )
-from pipette_cp.cost.evaluate import evaluate
-from pipette_cp.cost.memory import memory_by_stage
+from pipette_cp.cost.evaluator.evaluate import evaluate
+from pipette_cp.cost.memory.peak import memory_by_stage
 from pipette_cp.errors import LayoutError
 from pipette_cp.io.instance_file import DEFAULT_INSTANCE
 from pipette_cp.report.evaluation import evaluation_json, evaluation_table

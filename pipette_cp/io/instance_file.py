@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from pipette_cp.clusters.generators import generate, generate_timeline
+from pipette_cp.clusters.generators.registry import generate, generate_timeline
 from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.cluster_file import cluster_from_mapping, read_cluster_file
 from pipette_cp.io.files import parse_yaml, read_mapping, read_text

@@ -3,7 +3,7 @@
 A model is named three ways: a bundled name (``llama-2-7b``), a path to a YAML
 or JSON file holding :class:`~pipette_cp.specs.ModelSpec` fields, or a path to a
 Hugging Face ``config.json`` (or the directory holding one), which goes to
-:mod:`pipette_cp.io.hf_config`.
+:mod:`pipette_cp.io.huggingface.config`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io import paths
 from pipette_cp.io.files import read_mapping
-from pipette_cp.io.hf_config import default_model_name, is_hf_config, model_from_hf_config
+from pipette_cp.io.huggingface.config import default_model_name, is_hf_config, model_from_hf_config
 from pipette_cp.specs import ModelSpec, validate_spec
 
 _FILE_SUFFIXES = (".yaml", ".yml", ".json")

@@ -6,7 +6,7 @@ QKV and FC1 are column-parallel (each rank holds ``heads/tp`` query heads,
 projection and FC2 are row-parallel (``[heads/tp x d, h]`` and ``[ffn/tp, h]``,
 their biases replicated), the norms and the residual stream keep the full
 hidden size.  :class:`RankLayer` is exactly that shard, so its parameter count
-equals :func:`pipette_cp.cost.memory.layer_params_per_gpu`.  It runs no
+equals :func:`pipette_cp.cost.memory.peak.layer_params_per_gpu`.  It runs no
 collective: the two all-reduces of each pass are what a single device cannot
 measure (see :mod:`pipette_cp.profiler`).
 

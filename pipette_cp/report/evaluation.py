@@ -9,7 +9,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from pipette_cp.cost.memory import MemoryBreakdown
+from pipette_cp.cost.memory.peak import MemoryBreakdown
 from pipette_cp.specs import Evaluation, Plan
 from pipette_cp.units import GB
 

@@ -17,7 +17,7 @@ GPU holds unit ``(s, u)``, so rank ``r`` must run on ``placement[s * dp * cp + u
   and ``parse_args`` reads ``LOCAL_RANK``; every GPU of the node stays visible, as
   NCCL's peer-to-peer and IPC paths want), sets or unsets
   ``CUDA_DEVICE_MAX_CONNECTIONS`` as
-  :func:`~pipette_cp.report.megatron.megatron_environment` requires, and runs
+  :func:`~pipette_cp.report.megatron.flags.megatron_environment` requires, and runs
   ``pretrain_gpt.py`` with the Megatron arguments (a bash array, every token quoted);
 * ``slurm_hostfile`` + ``launch_slurm.sh``: one host per rank for ``srun
   --distribution=arbitrary`` (Slurm reads ``SLURM_HOSTFILE``);
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipette_cp.io.hostfile import check_host_name
-from pipette_cp.report import megatron
+from pipette_cp.report.megatron import flags as megatron
 from pipette_cp.specs import Instance, Plan
 
 #: The port rank 0 listens on unless MASTER_PORT is set.
@@ -108,7 +108,7 @@ def write_launch_files(
     """Write the files of the module doc into ``directory``; return their paths.
 
     ``megatron_args`` are ``"--flag value"`` strings with shell-quoted values, as
-    :func:`pipette_cp.report.megatron.megatron_args` returns them (its result when
+    :func:`pipette_cp.report.megatron.flags.megatron_args` returns them (its result when
     None); each token is quoted again for the wrapper's argument array.
 
     Raises

@@ -9,7 +9,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from pipette_cp.cost.simulator import Timeline
+from pipette_cp.cost.schedule.simulator import Timeline
 from pipette_cp.specs import Instance, Plan
 from pipette_cp.units import GB
 

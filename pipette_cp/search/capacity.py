@@ -1,7 +1,7 @@
 """Can the model fit on the cluster at all?  A memory lower bound of every layout.
 
 The worst stage of a layout holds at least the mean of its stages, and summed over
-the ``pp`` stages of one pipeline, by the formulas of :mod:`pipette_cp.cost.memory`,
+the ``pp`` stages of one pipeline, by the formulas of :mod:`pipette_cp.cost.memory.peak`,
 a layout of ``n = dp * pp * tp`` GPUs holds at least:
 
 * the weights and gradients of the whole model once per tensor-parallel shard
@@ -15,7 +15,7 @@ a layout of ``n = dp * pp * tp`` GPUs holds at least:
   fraction of the parts above.
 
 So with ``M`` the predicted memory of the whole model on one GPU (dp = pp = tp = 1,
-:func:`~pipette_cp.cost.memory.memory_by_stage`) with the lightest knobs the search
+:func:`~pipette_cp.cost.memory.peak.memory_by_stage`) with the lightest knobs the search
 space allows (each micro-batch size, recompute and FlashAttention setting, the
 lowest taken), every layout on at most ``n`` GPUs needs at least ``R + (M - R) / n``
 per GPU on its worst stage, whatever its split, placement or knobs.  It
@@ -29,9 +29,9 @@ import math
 from dataclasses import dataclass
 from itertools import product
 
-from pipette_cp.cost.calibration import MEMORY_CALIBRATION
-from pipette_cp.cost.framework import resolve_framework
-from pipette_cp.cost.memory import memory_by_stage, usable_memory_bytes
+from pipette_cp.cost.memory.peak import memory_by_stage, usable_memory_bytes
+from pipette_cp.cost.stack.calibration import MEMORY_CALIBRATION
+from pipette_cp.cost.stack.frameworks import resolve_framework
 from pipette_cp.specs import Instance, Recompute, SearchSpace
 from pipette_cp.specs.layouts import make_plan
 

@@ -12,11 +12,12 @@ import time
 from dataclasses import replace
 
 from pipette_cp.checker import check_plan
-from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.cost.evaluator.evaluate import Evaluator
 from pipette_cp.errors import PipetteError
 from pipette_cp.search.rerank import RERANKED
 from pipette_cp.search.sweep import Candidate
-from pipette_cp.solvers import SolveOptions, get_method, work
+from pipette_cp.solvers import SolveOptions, get_method
+from pipette_cp.solvers import work_meter as work
 from pipette_cp.solvers.extensions import family_violations
 from pipette_cp.solvers.placement.repair import repair_placement
 from pipette_cp.specs import Instance, Plan, SolveInfo

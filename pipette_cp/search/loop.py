@@ -21,11 +21,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.cost.evaluator.evaluate import Evaluator
 from pipette_cp.errors import InfeasibleError, SolverTimeoutError, SpecError
 from pipette_cp.search.capacity import capacity_error, knob_hints
-from pipette_cp.search.fallback import fallback
-from pipette_cp.search.ordered import (
+from pipette_cp.search.deterministic import (
     BOUND_S,
     SCORE_S,
     Spent,
@@ -33,9 +32,11 @@ from pipette_cp.search.ordered import (
     solve_ordered,
     sweep_ordered,
 )
+from pipette_cp.search.executors.runners import make_runner
+from pipette_cp.search.executors.workers import Runner, bound_layouts, check_jobs
+from pipette_cp.search.fallback import fallback
 from pipette_cp.search.phases import in_order, score_all, solve_all, sweep_all
 from pipette_cp.search.rerank import plan_time, rerank
-from pipette_cp.search.runners import make_runner
 from pipette_cp.search.selection import (
     all_gpus_reference,
     lift,
@@ -45,8 +46,8 @@ from pipette_cp.search.selection import (
 )
 from pipette_cp.search.space import check_degrees, enumerate_layouts, gpu_counts
 from pipette_cp.search.sweep import SWEPT_METHODS
-from pipette_cp.search.workers import Runner, bound_layouts, check_jobs
-from pipette_cp.solvers import SolveOptions, work
+from pipette_cp.solvers import SolveOptions
+from pipette_cp.solvers import work_meter as work
 from pipette_cp.solvers.extensions import ConstraintFamily
 from pipette_cp.solvers.milp_engine import DEFAULT_ENGINE, require_engine
 from pipette_cp.solvers.registry import MILP_METHODS
@@ -156,9 +157,9 @@ def search(
     """The ``top_k`` fastest plans that fit, best first (see the module docstring).
 
     ``jobs``: worker processes for the layouts' bounds, scores and solves
-    (:mod:`~pipette_cp.search.workers`; 1: all in this process), on ``executor``
+    (:mod:`~pipette_cp.search.executors.workers`; 1: all in this process), on ``executor``
     ``"local"`` or ``"ray"`` (actors on the cluster at ``ray_address``, else a local
-    Ray; :mod:`~pipette_cp.search.ray_runner`).  ``on_best``: called
+    Ray; :mod:`~pipette_cp.search.executors.ray_actors`).  ``on_best``: called
     with every new incumbent and its gap.  Ctrl-C (KeyboardInterrupt) during the sweep or
     the solves returns the plans found so far (``stats.interrupted``); before any plan
     exists it propagates.
@@ -166,7 +167,7 @@ def search(
     ``constraints``: user constraint families (:mod:`pipette_cp.solvers.extensions`);
     the exact methods add them to their models, and plans that violate one are dropped.
     ``deterministic``: ``time_limit_s`` is a budget of work, reference seconds of
-    :mod:`pipette_cp.solvers.work`, spent as :mod:`~pipette_cp.search.ordered` says: the
+    :mod:`pipette_cp.solvers.work_meter`, spent as :mod:`~pipette_cp.search.deterministic` says: the
     same plans for the same instance, seed, budget and method on any machine and for
     any ``jobs`` (not with the MILP methods: their engines stop by wall time only).
     ``milp_solver``: the engine of the ``milp`` methods' masters

@@ -1,4 +1,4 @@
-"""The search's per-layout phases over a :class:`~pipette_cp.search.workers.Runner`.
+"""The search's per-layout phases over a :class:`~pipette_cp.search.executors.workers.Runner`.
 
 Bounding, scoring and the greedy sweep hand the layouts out in chunks, a few chunks ahead of the one the
 search reads, and read the results in the layouts' order, so every decision (a budget
@@ -20,11 +20,9 @@ from functools import partial
 from typing import Any
 
 from pipette_cp.checker import check_plan
-from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.cost.evaluator.evaluate import Evaluator
 from pipette_cp.errors import PipetteError
-from pipette_cp.search.rerank import plan_time
-from pipette_cp.search.sweep import Candidate, merge_sweep
-from pipette_cp.search.workers import (
+from pipette_cp.search.executors.workers import (
     HANG_GRACE_S,
     Bounded,
     Runner,
@@ -34,6 +32,8 @@ from pipette_cp.search.workers import (
     solve_skeleton,
     sweep_layouts,
 )
+from pipette_cp.search.rerank import plan_time
+from pipette_cp.search.sweep import Candidate, merge_sweep
 from pipette_cp.solvers import SolveOptions
 from pipette_cp.solvers.extensions import family_violations
 from pipette_cp.specs import Instance, Plan
@@ -113,7 +113,7 @@ def score_all(
     bandwidth).  Estimates order the solves only; pruning uses fitting scores.  Scores
     and bounds are in the objective's units (``weight`` x s).  ``clock``: the time
     (or work, with ``charge`` reference s per skeleton scored: the work clock of the
-    deterministic search, :mod:`~pipette_cp.search.ordered`)."""
+    deterministic search, :mod:`~pipette_cp.search.deterministic`)."""
     best = math.inf
     scored: list[Candidate] = []
     stop = False
@@ -286,7 +286,7 @@ def solve_threads(
     """CP-SAT workers of a solve handed out now: ``workers``, or, for the last candidate
     while fewer than ``jobs`` solves run on this machine's worker processes, also the
     cores no other solve will take (they would idle).  Only there: at equal wall time
-    (10 s, :mod:`~pipette_cp.experiments.cpsat_workers`, two runs) a second CP-SAT worker
+    (10 s, :mod:`~pipette_cp.experiments.solving.cpsat_workers`, two runs) a second CP-SAT worker
     found a 0.9-3.4 % better plan where the CP-SAT search dominates the solve (dp128-pp2
     on gpt-sc21-18b-g3-256, dp256-pp2 on gpt-sc21-39b-g3-1024), the same one on
     gpt3-175b-g1-1024, and a 0.1-0.6 % worse one where the solve's Python (cuts, split)

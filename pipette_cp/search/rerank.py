@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 from pipette_cp.checker import check_plan
-from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.cost.evaluator.evaluate import Evaluator
 from pipette_cp.errors import PipetteError
 from pipette_cp.specs import Plan, SolveInfo
 from pipette_cp.specs.layouts import even_split

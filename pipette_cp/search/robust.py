@@ -19,7 +19,7 @@ min-max model:
    few of these solved again on the planning matrix from their own placement
    (``polish``; exact methods never return worse than such a hint).
 3. **Exact re-ranking**: every candidate is evaluated on every snapshot
-   (:class:`~pipette_cp.cost.evaluate.Evaluator`); a plan that crosses a link failed
+   (:class:`~pipette_cp.cost.evaluator.evaluate.Evaluator`); a plan that crosses a link failed
    in a snapshot, or fails the checker there, takes ``inf`` on it.  Plans are ranked
    by the q-quantile of their times over the snapshots (the ``ceil(q S)``-th
    smallest of ``S``, an actual snapshot).  The ranking is exact for the
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from pipette_cp.checker import check_plan
-from pipette_cp.cost.evaluate import Evaluator, Predictor
+from pipette_cp.cost.evaluator.evaluate import Evaluator, Predictor
 from pipette_cp.errors import InfeasibleError, PipetteError, SpecError
 from pipette_cp.search.loop import Progress, SearchStats, default_time_limit_s, search
 from pipette_cp.search.snapshots import (

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from pipette_cp.checker import check_plan
-from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.cost.evaluator.evaluate import Evaluator
 from pipette_cp.errors import PipetteError, SpecError
 from pipette_cp.search.rerank import plan_time
 from pipette_cp.search.sweep import Candidate

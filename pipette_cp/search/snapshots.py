@@ -56,7 +56,7 @@ def planning_matrix(snapshots: Sequence[ClusterSpec], quantile: float = 1.0) -> 
     Examples
     --------
     >>> import numpy as np
-    >>> from pipette_cp.clusters.generators import generate_timeline
+    >>> from pipette_cp.clusters.generators.registry import generate_timeline
     >>> snaps = generate_timeline("failslow", nodes=2, seed=0, snapshots=3, gpus_per_node=2)
     >>> stack = np.stack([s.matrix for s in snaps])
     >>> bool((planning_matrix(snaps) == stack.min(axis=0)).all())

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import product
 
-from pipette_cp.cost.kernels import NVIDIA_ONLY_ATTENTION, is_hopper
+from pipette_cp.cost.stack.kernels import NVIDIA_ONLY_ATTENTION, is_hopper
 from pipette_cp.errors import SpecError
 from pipette_cp.specs import Instance, Plan, SearchSpace
 from pipette_cp.specs.layouts import make_plan

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from pipette_cp.checker import check_plan
-from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.cost.evaluator.evaluate import Evaluator
 from pipette_cp.errors import PipetteError
 from pipette_cp.solvers import SolveOptions, get_method
 from pipette_cp.solvers.extensions import family_violations

@@ -1,7 +1,7 @@
 """Supporting hyperplanes of a convex piecewise-linear cost: the glue between the
 analytic critical-path model and the linear (CP-SAT / MILP) master problems.
 
-The analytic iteration time (:mod:`pipette_cp.cost.pipeline`) is built from
+The analytic iteration time (:mod:`pipette_cp.cost.schedule.critical_path`) is built from
 sums with non-negative weights and maxima of affine terms of the per-stage
 times and per-hop transfer times, so as a function of those inputs it is
 convex and piecewise linear.  Kelley's cutting-plane method (Kelley 1960,

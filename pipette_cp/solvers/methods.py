@@ -15,8 +15,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from pipette_cp.cost import comm
-from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.cost.evaluator.evaluate import Evaluator
+from pipette_cp.cost.network import collectives as comm
 from pipette_cp.errors import LayoutError, PipetteError
 from pipette_cp.solvers.baselines.greedy import greedy_assignments, lay_out, node_costs, walk
 from pipette_cp.solvers.baselines.megatron_default import node_packed_placements
@@ -28,7 +28,7 @@ from pipette_cp.solvers.placement import PlainSeeder, solve_placement
 from pipette_cp.solvers.placement.build import MAX_MASTER_PLACES, master_places
 from pipette_cp.solvers.placement.data import PlacementData
 from pipette_cp.solvers.placement.repair import repair_placement
-from pipette_cp.solvers.split.guard import guard_optimal_claim
+from pipette_cp.solvers.split.claim_check import guard_optimal_claim
 from pipette_cp.solvers.split.solve import (
     Backend,
     SplitResult,
@@ -126,7 +126,7 @@ def split_then_place(
     ``feasible``.  ``bound`` and ``gap`` are always the placement master's for the
     returned split (None when the split changed after the placement was solved): they
     bound every placement of that split, not other splits.  Every ``optimal``
-    claim is checked by :func:`~pipette_cp.solvers.split.guard.guard_optimal_claim`.
+    claim is checked by :func:`~pipette_cp.solvers.split.claim_check.guard_optimal_claim`.
     A ``milp_solver`` PuLP cannot start is a SpecError before any work."""
     if backend == "milp":
         require_engine(options.milp_solver)

@@ -42,7 +42,7 @@ from pipette_cp.errors import SpecError
 #: Engines by ``milp_solver`` name (the default first).
 ENGINES = ("highs", "cbc", "gurobi", "cplex", "xpress")
 #: The default engine: in process, and it honours its time limit (``python -m
-#: pipette_cp.experiments.milp_engines``).
+#: pipette_cp.experiments.solving.milp_engines``).
 DEFAULT_ENGINE = "highs"
 #: PuLP's solver classes for each engine, preferred first.
 PULP_SOLVERS: dict[str, tuple[str, ...]] = {
@@ -56,11 +56,11 @@ PULP_SOLVERS: dict[str, tuple[str, ...]] = {
 LABELS = {"highs": "HiGHS", "cbc": "CBC", "gurobi": "Gurobi", "cplex": "CPLEX", "xpress": "Xpress"}
 #: Shortest time limit worth starting each engine with, s.  CBC: process start, MPS
 #: file, presolve (given 0.4 s on an 80-unit LNS neighbourhood it took 1.06 s,
-#: ``python -m pipette_cp.experiments.time_limits``; at 1 s on full masters of 6,144-9,248
+#: ``python -m pipette_cp.experiments.solving.time_limits``; at 1 s on full masters of 6,144-9,248
 #: terms it overran by 0.16-0.35 s with no solution).  HiGHS runs in process: at 0.05 s it
 #: returns the warm start or better, at most 0.06 s late, and LNS steps under 1 s improved
 #: the plans of 3 of 8 layouts that run to the 10 s default (``python -m
-#: pipette_cp.experiments.milp_engines --limits 0.05,0.2,1``).  The commercial engines are
+#: pipette_cp.experiments.solving.milp_engines --limits 0.05,0.2,1``).  The commercial engines are
 #: not measured here: CBC's rule.
 MIN_START_S: dict[str, float] = {"highs": 0.05, "cbc": 1.0, "gurobi": 1.0, "cplex": 1.0,
                                  "xpress": 1.0}  # fmt: skip

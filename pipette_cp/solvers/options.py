@@ -18,7 +18,7 @@ class SolveOptions:
     ----------
     time_limit_s:
         Wall-clock budget of the method (heuristics honour it too); with
-        ``deterministic``, reference seconds of work (:mod:`pipette_cp.solvers.work`).
+        ``deterministic``, reference seconds of work (:mod:`pipette_cp.solvers.work_meter`).
     seed:
         Seed of every random choice; same seed, same plan.
     workers:
@@ -33,7 +33,7 @@ class SolveOptions:
         an engine PuLP cannot start one when a ``milp`` method runs.
     deterministic:
         Budget by work, not wall time: the solvers read the work meter of
-        :mod:`pipette_cp.solvers.work` (the caller meters the call), CP-SAT stops at
+        :mod:`pipette_cp.solvers.work_meter` (the caller meters the call), CP-SAT stops at
         ``max_deterministic_time`` with a fixed seed and worker count, and the same
         call gives the same plan on any machine.  Not for the MILP engines (their
         only stop is wall time).

@@ -42,7 +42,7 @@ class FrameworkProfile(FrozenSpec):
     """The training framework: a catalogue name, with any of its values overridden.
 
     ``None`` fields take the named framework's values
-    (:data:`pipette_cp.cost.framework.FRAMEWORKS`); a name outside the catalogue
+    (:data:`pipette_cp.cost.stack.frameworks.FRAMEWORKS`); a name outside the catalogue
     needs every field.
     """
 

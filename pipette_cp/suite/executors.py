@@ -14,7 +14,7 @@ from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from typing import Any, Protocol
 
 from pipette_cp.errors import SpecError
-from pipette_cp.search.ray_runner import check_address, import_ray
+from pipette_cp.search.executors.ray_actors import check_address, import_ray
 from pipette_cp.suite.jobs import CRASH, BenchRow, Job, failed_row, run_job
 
 #: Executor names accepted by :func:`make_executor` (and ``--executor``).

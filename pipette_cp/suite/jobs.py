@@ -123,7 +123,7 @@ def run_job(job: Job) -> BenchRow:
     """Solve one job with :func:`pipette_cp.api.solve_with_stats`; never raises."""
     # imported here so that a pool worker or Ray task pays for the solvers only once used
     from pipette_cp.api import solve_with_stats
-    from pipette_cp.cost.evaluate import Evaluator
+    from pipette_cp.cost.evaluator.evaluate import Evaluator
     from pipette_cp.io.instance_file import load_instance
 
     start = time.perf_counter()

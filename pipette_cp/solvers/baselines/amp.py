@@ -13,7 +13,7 @@ Reproduced as the code does it
 - Execution cost per pseudo layer e = micro-batch x 3 x (forward time of one
   sample): backward = 2 x forward, no recompute (``init_param`` loads
   ``3 * known_cost``; ``get_cost_e``).  AMP profiles the forward per tensor-
-  parallel degree; here :mod:`pipette_cp.cost.compute` supplies it at micro-batch
+  parallel degree; here :mod:`pipette_cp.cost.compute.model_chunks` supplies it at micro-batch
   1 (averaged over the GPU types of the plan, weighted by GPU count, as AMP
   averages its two GPU types 0.75 / 0.25).
 - Per-node bandwidth, not per link: ``cluster_info[node] = [inter, intra]``;
@@ -54,7 +54,7 @@ from collections import Counter
 
 import numpy as np
 
-from pipette_cp.cost.compute import chunk_times, layer_times
+from pipette_cp.cost.compute.model_chunks import chunk_times, layer_times
 from pipette_cp.errors import LayoutError
 from pipette_cp.solvers.baselines.common import finish_plan, require_layout_fits
 from pipette_cp.solvers.options import SolveOptions

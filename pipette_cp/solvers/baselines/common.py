@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from pipette_cp.checker.checks import check_plan, communication_pairs
-from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.cost.evaluator.evaluate import Evaluator
 from pipette_cp.errors import LayoutError, PipetteError
 from pipette_cp.specs import Instance, Plan, SolveInfo
 

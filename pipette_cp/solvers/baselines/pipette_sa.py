@@ -65,7 +65,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipette_cp.errors import LayoutError
-from pipette_cp.solvers import work
+from pipette_cp.solvers import work_meter as work
 from pipette_cp.solvers.baselines.common import finish_plan
 from pipette_cp.solvers.baselines.pipette_sa_moves import MOVES  # and each move, re-exported:
 from pipette_cp.solvers.baselines.pipette_sa_moves import _insert as _insert
@@ -281,7 +281,7 @@ def anneal(
     """Pipette's simulated annealing over node permutations (``MetaHeuristics.annealing``).
 
     Stops when ``time_limit_s`` has elapsed (checked every iteration, as Pipette;
-    under the work meter of :mod:`pipette_cp.solvers.work`, reference seconds of moves)
+    under the work meter of :mod:`pipette_cp.solvers.work_meter`, reference seconds of moves)
     or after ``max_iterations`` (for reproducible tests), whichever comes first.
     """
     started = work.now()

@@ -4,33 +4,33 @@ Slots (:func:`tensor_slots`): where every node's GPUs are interchangeable
 (:func:`node_uniform`) the tp-aligned blocks of each node, and places are whole
 nodes; elsewhere (the cube mesh, PCIe switches, a failed NVLink) each node's GPUs
 cut into the tensor groups with the fastest rings
-(:func:`~pipette_cp.cost.rings.best_partition`; the aligned blocks whenever they
+(:func:`~pipette_cp.cost.network.tp_rings.best_partition`; the aligned blocks whenever they
 are among the best), and places are single slots.  A tensor group wider than a
 node (tp > gpus_per_node, in an NVLink domain of several nodes) is an aligned
 block of ``tp`` consecutive GPUs of one domain.  Pair bandwidths, compute classes
 (GPU type x TP-link bandwidth of a place), memory feasibility and message sizes are
-computed here exactly as :class:`~pipette_cp.cost.evaluate.Evaluator` computes them.
+computed here exactly as :class:`~pipette_cp.cost.evaluator.evaluate.Evaluator` computes them.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from pipette_cp.cost import comm
-from pipette_cp.cost.compute import chunk_times, layer_times, optimizer_step_time_s
-from pipette_cp.cost.dp_collectives import gradient_wire_bytes
-from pipette_cp.cost.evaluate import Evaluator
-from pipette_cp.cost.evaluate_groups import expert_rings_apart
-from pipette_cp.cost.memory import (
+from pipette_cp.cost.compute.model_chunks import chunk_times, layer_times, optimizer_step_time_s
+from pipette_cp.cost.evaluator.evaluate import Evaluator
+from pipette_cp.cost.evaluator.group_part import expert_rings_apart
+from pipette_cp.cost.memory.peak import (
     layer_params_per_gpu,
     memory_by_stage,
     padded_vocab_size,
     stage_params_per_gpu,
     usable_memory_bytes,
 )
-from pipette_cp.cost.moe import unit_tokens
-from pipette_cp.cost.parameters import stage_param_split
-from pipette_cp.cost.rings import best_partition, partition_is_complete, ring_bandwidths
+from pipette_cp.cost.network import collectives as comm
+from pipette_cp.cost.network.data_parallel import gradient_wire_bytes
+from pipette_cp.cost.network.tp_rings import best_partition, partition_is_complete, ring_bandwidths
+from pipette_cp.cost.workload.parameters import stage_param_split
+from pipette_cp.cost.workload.tokens import unit_tokens
 from pipette_cp.errors import InfeasibleError, LayoutError
 from pipette_cp.solvers.placement.data import PlacementData
 from pipette_cp.solvers.placement.groups import build_group_tables
@@ -49,7 +49,7 @@ def tensor_slots(instance: Instance, tp: int, aligned: bool = False) -> tuple[np
     """The slots of ``tp``-GPU units, (count, tp) GPU ids by node, each slot ascending,
     and whether they are *complete*: every placement of units on any tp GPUs of one
     node (of one NVLink domain, beyond a node) has a twin on these slots with the
-    same links (:func:`~pipette_cp.cost.rings.partition_is_complete`), so that what
+    same links (:func:`~pipette_cp.cost.network.tp_rings.partition_is_complete`), so that what
     is proven over the slots holds over every grouping.  ``aligned``: the tp-aligned
     blocks even where a node's links are not uniform (complete only if they are).
 

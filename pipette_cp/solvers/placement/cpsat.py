@@ -17,9 +17,9 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
-from pipette_cp.solvers import work
+from pipette_cp.solvers import work_meter as work
 from pipette_cp.solvers.placement.backend import CUT_GRID, MasterResult, Terms
-from pipette_cp.solvers.work import limit
+from pipette_cp.solvers.work_meter import limit
 
 #: One integer time unit of the CP-SAT model, s.
 TIME_QUANTUM_S = 1e-9

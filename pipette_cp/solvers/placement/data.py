@@ -16,10 +16,10 @@ The master problems of :mod:`pipette_cp.solvers.placement.model` see the
 iteration time through a vector ``x`` of placement-dependent inputs (see
 :class:`~pipette_cp.solvers.placement.xindex.XIndex`); :meth:`PlacementData.total_time_s` maps ``x`` to the
 analytic iteration time with the same functions the Evaluator uses
-(:func:`~pipette_cp.cost.pipeline.pipeline_times`,
-:func:`~pipette_cp.cost.pipeline.finish_iteration`), and
+(:func:`~pipette_cp.cost.schedule.critical_path.pipeline_times`,
+:func:`~pipette_cp.cost.schedule.critical_path.finish_iteration`), and
 :meth:`PlacementData.x_of` reads ``x`` off the Evaluator's own
-:meth:`~pipette_cp.cost.evaluate.Evaluator.pipeline_inputs` of a placement,
+:meth:`~pipette_cp.cost.evaluator.evaluate.Evaluator.pipeline_inputs` of a placement,
 with DP rings in replica order (``dp_algorithm="ring"``).  So the master's
 objective and the Evaluator agree by construction, and the tests check it.
 """
@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipette_cp.cost.compute import LayerTimes
-from pipette_cp.cost.dp_collectives import exposed_per_layer
-from pipette_cp.cost.evaluate import Evaluator, num_micro_batches
-from pipette_cp.cost.pipeline import PipelineInputs, finish_iteration, pipeline_times
+from pipette_cp.cost.compute.model_chunks import LayerTimes
+from pipette_cp.cost.evaluator.evaluate import Evaluator, num_micro_batches
+from pipette_cp.cost.network.data_parallel import exposed_per_layer
+from pipette_cp.cost.schedule.critical_path import PipelineInputs, finish_iteration, pipeline_times
 from pipette_cp.errors import InfeasibleError
 from pipette_cp.solvers.extensions import family_violations
 from pipette_cp.solvers.placement.groups import (

@@ -1,7 +1,7 @@
 """Context-parallel rings, expert all-to-alls and expert data-parallel rings in unit terms.
 
 A unit holds the ``tp`` ranks of one stage of one replica, so every group of
-:mod:`pipette_cp.cost.alltoall` is a set of units: a context-parallel ring links ``cp``
+:mod:`pipette_cp.cost.network.groups` is a set of units: a context-parallel ring links ``cp``
 consecutive replicas (``tp`` flows per link, one per tp rank); an expert group spans
 ``ep x etp / tp`` consecutive replicas (or sits inside one unit); an expert data-parallel
 ring visits every ``ep x etp / tp``-th unit.  :class:`GroupTables` lists these unit pairs
@@ -31,8 +31,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipette_cp.cost import comm
-from pipette_cp.cost.alltoall import (
+from pipette_cp.cost.compute.model_chunks import cp_step_thresholds_s
+from pipette_cp.cost.evaluator.group_part import alltoalls_per_layer, expert_rings_apart, peer_bytes
+from pipette_cp.cost.network import collectives as comm
+from pipette_cp.cost.network.data_parallel import gradient_wire_bytes
+from pipette_cp.cost.network.groups import (
     GroupFlows,
     alltoall_times_s,
     cp_ring_bandwidths,
@@ -40,11 +43,8 @@ from pipette_cp.cost.alltoall import (
     group_nodes,
     node_dedup_factor,
 )
-from pipette_cp.cost.compute import cp_step_thresholds_s
-from pipette_cp.cost.dp_collectives import gradient_wire_bytes
-from pipette_cp.cost.evaluate_groups import alltoalls_per_layer, expert_rings_apart, peer_bytes
-from pipette_cp.cost.moe import cp_chunk_bytes, moe_layers_by_chunk
-from pipette_cp.cost.parameters import stage_param_split
+from pipette_cp.cost.workload.parameters import stage_param_split
+from pipette_cp.cost.workload.tokens import cp_chunk_bytes, moe_layers_by_chunk
 from pipette_cp.specs import Instance, Plan
 from pipette_cp.specs.training import GRADIENT_SHARDING
 from pipette_cp.units import BYTES_PER_ELEMENT
@@ -245,7 +245,7 @@ def ring_latency(instance: Instance, cross: np.ndarray) -> np.ndarray:
 
 def cp_exposure(tables: GroupTables, cp: int, step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) exposed ring time of every virtual stage for the per-stage ring
-    steps ``step`` (as :func:`~pipette_cp.cost.context_parallel.ring_exposed_s` per layer)."""
+    steps ``step`` (as :func:`~pipette_cp.cost.compute.context_ring.ring_exposed_s` per layer)."""
     a_f, a_b = tables.cp_thresholds
     fwd = (cp - 1) * np.maximum(0.0, step - a_f)
     bwd = (cp - 1) * np.maximum(0.0, 2.0 * step - a_b)

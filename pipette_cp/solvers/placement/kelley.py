@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipette_cp.errors import InfeasibleError, SolverTimeoutError
-from pipette_cp.solvers import work
+from pipette_cp.solvers import work_meter as work
 from pipette_cp.solvers.cuts import supporting_cut
 from pipette_cp.solvers.placement.backend import CUT_GRID, Backend
 from pipette_cp.solvers.placement.data import PlacementData
@@ -196,7 +196,7 @@ def two_level_floor_x(data: PlacementData) -> np.ndarray:
     Evaluator's ``best`` algorithm (ring or two-level, whichever is faster per stage).
 
     Two-level over ``D = L d`` replicas, ``L`` per node on ``d`` nodes (Evaluator:
-    :func:`~pipette_cp.cost.comm.hierarchical_times_s`): ``c (L-1)/L S / b_intra +
+    :func:`~pipette_cp.cost.network.collectives.hierarchical_times_s`): ``c (L-1)/L S / b_intra +
     c (L-1) l_intra + c (d-1)/d (S/L) / b_inter + c (d-1) l_inter``, with ``c`` the
     collective's ring factor; the floor takes the fastest intra- and inter-node link
     of the cluster and the best ``L`` a node can hold."""

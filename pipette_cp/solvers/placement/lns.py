@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from pipette_cp.errors import PipetteError
-from pipette_cp.solvers import work
+from pipette_cp.solvers import work_meter as work
 from pipette_cp.solvers.placement.backend import Backend
 from pipette_cp.solvers.placement.data import PlacementData
 from pipette_cp.solvers.placement.kelley import OPTIMALITY_GAP, CutPool, kelley

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipette_cp.solvers import work
+from pipette_cp.solvers import work_meter as work
 from pipette_cp.solvers.placement.data import RING_FAMILIES, PlacementData
 
 
@@ -74,7 +74,7 @@ def local_search(
     repair_only: bool = False,
 ) -> tuple[np.ndarray, float]:
     """Best-improvement moves of critical units (swap with any unit, or move to a
-    free slot) until none improves, the deadline passes (:func:`pipette_cp.solvers.work.now`:
+    free slot) until none improves, the deadline passes (:func:`pipette_cp.solvers.work_meter.now`:
     under the work meter, a trial's work; and at the meter's cap), or (``repair_only``)
     no flow uses a failed link any more.  Returns the assignment and its value (inf
     if it still uses a failed link)."""

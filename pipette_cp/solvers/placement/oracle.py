@@ -6,7 +6,7 @@ dp`` on every stage: it keeps every pipeline, every ring up to its starting
 point, every NIC share, so every time the Evaluator computes; not skipped where
 context-parallel rings, expert groups or HSDP shard groups are blocks of
 consecutive replicas, which a rotation regroups), and scores each
-with :class:`~pipette_cp.cost.evaluate.Evaluator` itself, the checker's
+with :class:`~pipette_cp.cost.evaluator.evaluate.Evaluator` itself, the checker's
 ``memory_limit`` and the failed-link test of the cost model.  The groups are
 either the tp-aligned blocks of every node (``groups="aligned"``: the exact
 methods' slots on uniform nodes, :mod:`pipette_cp.solvers.placement`) or any
@@ -25,8 +25,8 @@ from collections.abc import Iterator
 from typing import Literal
 
 from pipette_cp.checker.checks import check_memory_limit
-from pipette_cp.cost import comm
-from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.cost.evaluator.evaluate import Evaluator
+from pipette_cp.cost.network import collectives as comm
 from pipette_cp.errors import InfeasibleError, LayoutError, SpecError
 from pipette_cp.specs import Instance, Plan
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipette_cp.cost.evaluate import Evaluator
-from pipette_cp.cost.layout_check import placement_array
+from pipette_cp.cost.evaluator.evaluate import Evaluator
+from pipette_cp.cost.evaluator.layout_rules import placement_array
 from pipette_cp.errors import PipetteError
 from pipette_cp.specs import ClusterSpec, Instance, Plan
 

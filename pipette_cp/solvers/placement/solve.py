@@ -3,7 +3,7 @@
 Problem (docs/design.md, section 4, "Placement"): put every unit (the tp ranks of one
 stage of one DP replica) on a slot, a tensor group of one node (of one NVLink
 domain when tp exceeds a node; :func:`~pipette_cp.solvers.placement.build.tensor_slots`),
-minimising the analytic iteration time of :class:`~pipette_cp.cost.evaluate.Evaluator`
+minimising the analytic iteration time of :class:`~pipette_cp.cost.evaluator.evaluate.Evaluator`
 through its placement-dependent terms: every boundary's slowest activation and
 gradient hop (with the weight the 1F1B / interleaved schedule gives it), every
 stage's DP ring in replica order, NIC sharing among concurrent flows, the
@@ -47,7 +47,7 @@ groups, the best by ring bandwidth, and the master's proof covers that cut only,
 not placements on other groups, which may pair the GPUs of consecutive stages
 better.  Equal ring bandwidths of every cut would not make up for it (the links
 between groups still differ); the claim stands only where a symmetry of the node
-maps every cut onto the chosen one (:func:`~pipette_cp.cost.rings.partition_is_complete`:
+maps every cut onto the chosen one (:func:`~pipette_cp.cost.network.tp_rings.partition_is_complete`:
 uniform nodes, one group per node, single-GPU groups), and it then holds against
 every placement on any tensor groups (ranks in GPU order), as the brute-force
 oracle's ``groups="any"`` enumerates them.  ``status``:
@@ -68,14 +68,13 @@ from typing import Protocol
 import numpy as np
 
 from pipette_cp.checker.checks import check_plan
-from pipette_cp.cost import comm
-from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.cost.evaluator.evaluate import Evaluator
+from pipette_cp.cost.network import collectives as comm
 from pipette_cp.errors import InfeasibleError, PipetteError, SolverTimeoutError
-from pipette_cp.solvers import work
+from pipette_cp.solvers import work_meter as work
 from pipette_cp.solvers.extensions import family_violations
 from pipette_cp.solvers.options import PLACEMENT_WORK_SHARE, SolveOptions
 from pipette_cp.solvers.placement.backend import Backend
-from pipette_cp.solvers.placement.budgeted import regroup_within
 from pipette_cp.solvers.placement.build import build_placement_data, node_uniform
 from pipette_cp.solvers.placement.cpsat import CpSatBackend
 from pipette_cp.solvers.placement.data import PlacementData
@@ -91,6 +90,7 @@ from pipette_cp.solvers.placement.kelley import (
 from pipette_cp.solvers.placement.lns import lns
 from pipette_cp.solvers.placement.local_search import failed_flows, local_search
 from pipette_cp.solvers.placement.milp import MilpBackend
+from pipette_cp.solvers.placement.regroup import regroup_within
 from pipette_cp.specs import Instance, Plan, SolveInfo
 from pipette_cp.specs.layouts import megatron_placement
 
@@ -104,7 +104,7 @@ EXACT_SIZE = 20_000
 #: at most) but not at 12,000 (+2.1 s at 20 s: root LP re-solves it does not interrupt),
 #: and a cut-over of 10,000 gave tighter bounds at the 10 s default but no better plans
 #: (worse on 3 of the 4 layouts whose plans differed) and 0.1-0.3 s longer solves where
-#: LNS proves optimality (``python -m pipette_cp.experiments.milp_engines``): one cut-over.
+#: LNS proves optimality (``python -m pipette_cp.experiments.solving.milp_engines``): one cut-over.
 EXACT_SIZE_MILP = 4_000
 #: Share of the time limit for seeds and their local search.
 SEED_SHARE = 0.1

@@ -6,7 +6,7 @@ is a simple function of the layer counts ``n_v`` of the virtual stages
 
 - forward / backward time of a virtual stage: ``n_v`` x the per-layer time of
   its stage (GPU type, TP bandwidth) + the embedding (``v = 0``) or LM head
-  (``v = last``) extra (:func:`pipette_cp.cost.compute.chunk_times`: an outer
+  (``v = last``) extra (:func:`pipette_cp.cost.compute.model_chunks.chunk_times`: an outer
   product plus two boundary terms, so *affine*);
 - per stage, the DP gradient sync, the distributed optimizer's parameter gather
   and the optimizer step depend on the stage's parameters, i.e. on its layer
@@ -14,13 +14,13 @@ is a simple function of the layer counts ``n_v`` of the virtual stages
   ring and a two-level all-reduce, a minimum of affine functions, so it need
   not be convex; :attr:`SplitCost.convex` says whether it is);
 - memory of a stage: ``C_s + W_s k_s + X_s max_c n_{c,s}``
-  (:func:`pipette_cp.cost.memory.stage_memory`: states per parameter, and
+  (:func:`pipette_cp.cost.memory.peak.stage_memory`: states per parameter, and
   activations of the largest chunk x the in-flight chunk micro-batches).
 
 All coefficients are read off the cost modules at a few splits (never
 re-derived), so the models stay exact as the cost models change (the tests
 check the affine forms at random splits).  The iteration time is the analytic
-critical-path model (:func:`pipette_cp.cost.pipeline.pipeline_times`).
+critical-path model (:func:`pipette_cp.cost.schedule.critical_path.pipeline_times`).
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from pipette_cp.cost.evaluate import Evaluator
-from pipette_cp.cost.memory import memory_by_stage, usable_memory_bytes
-from pipette_cp.cost.pipeline import PipelineInputs, finish_iteration, pipeline_times
+from pipette_cp.cost.evaluator.evaluate import Evaluator
+from pipette_cp.cost.memory.peak import memory_by_stage, usable_memory_bytes
+from pipette_cp.cost.schedule.critical_path import PipelineInputs, finish_iteration, pipeline_times
 from pipette_cp.errors import InfeasibleError, LayoutError
 from pipette_cp.solvers.cuts import Cut, supporting_cut
 from pipette_cp.specs import Instance, Plan
@@ -186,7 +186,7 @@ class SplitCost:
 
     def iteration_time_s(self, split: np.ndarray) -> float:
         """Analytic iteration time of ``split``: for integer splits exactly what
-        :meth:`pipette_cp.cost.evaluate.Evaluator.evaluate` predicts."""
+        :meth:`pipette_cp.cost.evaluator.evaluate.Evaluator.evaluate` predicts."""
         return self._time(split, relaxed=False)
 
     def relaxed_time_s(self, split: np.ndarray) -> float:

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 from ortools.sat.python import cp_model
 
-from pipette_cp.solvers import work
+from pipette_cp.solvers import work_meter as work
 from pipette_cp.solvers.cuts import Cut
 from pipette_cp.solvers.extensions import LinearTerms
 from pipette_cp.solvers.split.cost import MasterSolution
-from pipette_cp.solvers.work import limit
+from pipette_cp.solvers.work_meter import limit
 
 #: Time steps per reference iteration time: CP-SAT's time resolution is 1e-9 relative.
 TIME_STEPS = 10**9

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 
 from pipette_cp.checker.checks import check_memory_limit
-from pipette_cp.cost.evaluate import Evaluator
+from pipette_cp.cost.evaluator.evaluate import Evaluator
 from pipette_cp.errors import InfeasibleError, SpecError
 from pipette_cp.solvers.split.solve import CHUNK_SPREAD
 from pipette_cp.specs import Instance, Plan

@@ -4,7 +4,7 @@ Problem (docs/design.md, section 4, "Layer split"): choose ``n_v >= 1`` layers f
 every virtual stage ``v = chunk * pp + stage`` (contiguous blocks in that
 order, :class:`~pipette_cp.specs.Plan`), ``sum n = L``, every stage within its
 usable memory given its in-flight micro-batches, minimising the analytic
-iteration time ``T(n)`` of :mod:`pipette_cp.cost.pipeline` with the plan's
+iteration time ``T(n)`` of :mod:`pipette_cp.cost.schedule.critical_path` with the plan's
 placement-dependent hop, DP, embedding and optimizer times
 (:mod:`pipette_cp.solvers.split.cost`).
 
@@ -38,7 +38,7 @@ express (:func:`~pipette_cp.solvers.split.heuristics.prefer_simple`);
 :func:`~pipette_cp.solvers.split.flags.megatron_split_args` gives the flags.  The
 oracle :func:`~pipette_cp.solvers.split.oracle.brute_force_split` enumerates
 every split of tiny instances through
-:class:`~pipette_cp.cost.evaluate.Evaluator` and the checker.
+:class:`~pipette_cp.cost.evaluator.evaluate.Evaluator` and the checker.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from typing import Literal
 import numpy as np
 
 from pipette_cp.errors import InfeasibleError, SolverError, SpecError
-from pipette_cp.solvers import work
+from pipette_cp.solvers import work_meter as work
 from pipette_cp.solvers.extensions import SplitContext, family_violations
 from pipette_cp.solvers.options import SPLIT_WORK_SHARE, SolveOptions
 from pipette_cp.solvers.split.cost import SplitCost, split_cost
@@ -71,7 +71,7 @@ TOLERANCE = 1e-6
 HEURISTIC_SHARE = 0.25
 #: With vpp > 1, the largest difference between two chunks of one stage (``chunk_balance``).
 #: The analytic interleaved model is a lower bound that grows loose as the chunks of a
-#: stage diverge (:mod:`pipette_cp.cost.pipeline`: up to 15 % low); an unconstrained
+#: stage diverge (:mod:`pipette_cp.cost.schedule.critical_path`: up to 15 % low); an unconstrained
 #: optimum exploits that: 128 layers, pp=16 x vpp=2 gave 30.36 s analytic but 39.6 s in
 #: the simulator, against 30.47 / 30.48 s for the even split.  Spread 1 keeps Megatron's
 #: near-even chunks; ``None`` lifts the constraint.
@@ -162,7 +162,7 @@ def _split(instance: Instance, plan: Plan, options: SolveOptions, backend: Backe
            tolerance: float, chunk_spread: int | None, cost: SplitCost | None,
            export_path: str | Path | None) -> SplitResult:  # fmt: skip
     """:func:`solve_split` within ``options.time_limit_s`` (under the work meter of
-    :mod:`~pipette_cp.solvers.work`: reference s of work; the heuristics there, which read
+    :mod:`~pipette_cp.solvers.work_meter`: reference s of work; the heuristics there, which read
     the wall clock, run to their end and are charged by the cuts they take)."""
     started = work.now()
     metered = work.active()

@@ -1,0 +1,85 @@
+"""The :class:`~pipette_cp.cost.evaluator.evaluate.Evaluator`'s data-parallel collectives: each
+stage's gradient sync and parameter gather over its DP rings, and under ZeRO-2/3 the
+per-layer collectives the compute does not hide."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from pipette_cp.cost.compute.model_chunks import layer_times
+from pipette_cp.cost.evaluator.layout_rules import knobs_key, num_micro_batches
+from pipette_cp.cost.network import collectives as comm
+from pipette_cp.cost.network.data_parallel import (
+    exposed_per_layer,
+    hybrid_times_s,
+    per_layer_collectives,
+)
+from pipette_cp.errors import InfeasibleError
+from pipette_cp.specs.instance import Instance
+from pipette_cp.specs.plan import Plan
+
+
+class DpCosts:
+    """Mixin of the evaluator: the data-parallel rings' collectives."""
+
+    instance: Instance
+    fabric: comm.Fabric
+    dp_algorithm: comm.Algorithm
+    _cached: Callable[[tuple, Callable[[], Any]], Any]
+
+    def _dp_times(self, plan: Plan, rings, bw, lat, ops) -> tuple[np.ndarray, np.ndarray]:
+        """Each stage's DP gradient sync and distributed-optimizer parameter gather
+        (:func:`~pipette_cp.cost.network.data_parallel.step_collectives`); all stages' rings run
+        at once."""
+        pp, tp, algorithm = plan.pp, plan.tp, self.dp_algorithm
+        flat_ok = bool(bw.all())
+        two_level = algorithm != "ring" and comm.local_group_size(self.fabric, rings) > 1
+        what = "a data-parallel gradient sync"
+        out = [np.zeros(pp), np.zeros(pp)]
+        for op, size, group, phase in ops:
+            if not size.any():
+                continue  # an operation this plan does not run
+            if group != "all":  # HSDP: every shard group (or replica set) at once
+                out[phase] += hybrid_times_s(self.fabric, plan, rings, size, op, group, algorithm)
+                continue
+            if not flat_ok:  # the ring needs a failed link: another algorithm, or an error
+                t = comm.collective_times_s(self.fabric, rings, size, op, algorithm, what)
+            else:
+                t = comm.ring_time_from_links(bw, lat, size, op)
+                if two_level:
+                    try:  # "hierarchical" keeps the ring only where local groups differ
+                        hier = comm.hierarchical_times_s(self.fabric, rings, size, op, what)
+                        best = algorithm == "best"
+                        t = np.minimum(t, hier) if best else np.where(hier < np.inf, hier, t)
+                    except InfeasibleError:
+                        pass  # the two-level links include a failed pair; the ring is fine
+            out[phase] += t.reshape(pp, tp).max(axis=1)
+        return out[0], out[1]
+
+    def _sharded_exposure(
+        self, plan: Plan, stages: Any, stage_gpu: list, stage_bw: np.ndarray, rings: tuple,
+        cp_bw: np.ndarray,
+    ) -> Any:  # fmt: skip
+        """ZeRO-2/3: the per-micro-batch collectives the compute does not hide, added to
+        each chunk's forward/backward (:mod:`pipette_cp.cost.network.data_parallel`; pp = 1)."""
+        model, training = self.instance.model, self.instance.training
+        ops = per_layer_collectives(model, training, plan)
+        rs, ag = self._dp_times(plan, rings[0], rings[1], rings[2], ops)
+        args = (model, training, stage_gpu[0], plan, float(stage_bw[0]))
+        key = ("layer", knobs_key(plan), stage_gpu[0].name, args[-1], float(cp_bw[0]))
+        make = partial(layer_times, *args, cp_bandwidth_bytes_per_s=float(cp_bw[0]))
+        times = self._cached(key, make)
+        fwd, bwd = exposed_per_layer(plan, times, float(rs[0]), float(ag[0]))
+        n = np.asarray(plan.layer_split, dtype=float)
+        exposed = num_micro_batches(self.instance, plan) * (fwd + bwd) * float(n.sum())
+        return stages._replace(
+            forward_s=stages.forward_s + fwd * n,
+            backward_s=stages.backward_s + bwd * n,
+            busy_s=stages.busy_s + exposed,
+            busy_dp_s=exposed,
+            layer_collectives_s=(float(rs[0]), float(ag[0])),
+        )

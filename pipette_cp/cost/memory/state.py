@@ -1,0 +1,90 @@
+"""Bytes of state per parameter on one GPU: weights, gradients, optimizer state, and the FP8
+weight copies Transformer Engine keeps, by the framework and the sharding level.
+
+The parameter counts themselves are :mod:`pipette_cp.cost.workload.parameters`; the
+framework's bytes per parameter are :mod:`pipette_cp.cost.stack.frameworks`.
+"""
+
+from __future__ import annotations
+
+from pipette_cp.cost.stack.frameworks import resolve_framework
+from pipette_cp.cost.stack.kernels import keeps_fp8_tensors
+from pipette_cp.cost.workload.parameters import (
+    expert_shard_group,
+    layer_gemm_params_per_gpu,
+    moe_layer_gemm_params_per_gpu,
+    stage_layer_kinds,
+)
+from pipette_cp.specs.model import ModelSpec
+from pipette_cp.specs.plan import Plan
+from pipette_cp.specs.training import GRADIENT_SHARDING, TrainingSpec
+from pipette_cp.units import FP8_BYTES
+
+#: Bytes of the FP8 copies of one GEMM weight element that Transformer Engine keeps: the
+#: row-wise copy for the forward and the column-wise one for the data gradient (Hopper
+#: transposes it; MXFP8's column-wise blocks differ; only tensor-scaled FP8 on Blackwell
+#: could share one layout, which the memory model, without the GPU, does not count).
+FP8_WEIGHT_BYTES = 2.0 * FP8_BYTES
+
+
+def _keeps_fp8_weights(training: TrainingSpec, plan: Plan) -> bool:
+    return keeps_fp8_tensors(training) and plan.sharding != "optim_grads_params"
+
+
+def fp8_weight_bytes_per_layer(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
+    """Bytes of the FP8 weight copies one dense layer keeps on one GPU for the whole step:
+    Transformer Engine casts the bf16 weights once per step (Megatron passes
+    ``is_first_microbatch``) and keeps the copies beside them ("Performance
+    considerations", memory usage: bf16 weight + FP8 weight); 0 without FP8, under
+    ZeRO-3 (only the gathered layers have weights) and with torchao (casts each GEMM)."""
+    if not _keeps_fp8_weights(training, plan):
+        return 0.0
+    return layer_gemm_params_per_gpu(model, plan.tp) * FP8_WEIGHT_BYTES
+
+
+def stage_fp8_weight_bytes(
+    model: ModelSpec, training: TrainingSpec, plan: Plan, stage: int
+) -> float:
+    """The FP8 weight copies of all the layers of ``stage`` on one GPU: dense layers as
+    :func:`fp8_weight_bytes_per_layer`, mixture-of-experts layers their attention,
+    shared-expert and local expert GEMMs (TE ``GroupedLinear`` keeps FP8 copies too)."""
+    dense_layers, moe_layers = stage_layer_kinds(model, plan, stage)
+    kept = dense_layers * fp8_weight_bytes_per_layer(model, training, plan)
+    if moe_layers and _keeps_fp8_weights(training, plan):
+        kept += moe_layers * moe_layer_gemm_params_per_gpu(model, plan) * FP8_WEIGHT_BYTES
+    return kept
+
+
+def _state_bytes(training: TrainingSpec, plan: Plan, group: int) -> tuple[float, float, float]:
+    fw = resolve_framework(training.framework)
+    moments = fw.optimizer_state_bytes * (1.0 if training.optimizer == "adam" else 0.5)
+    optimizer = fw.master_weight_bytes + moments
+    weights, grads = fw.weight_bytes, fw.gradient_bytes
+    sharding = plan.sharding
+    if sharding != "none":
+        optimizer /= group
+    if sharding in GRADIENT_SHARDING:  # ZeRO-2 (Rajbhandari et al. 2020): gradients too
+        grads /= group
+    if sharding == "optim_grads_params":  # ZeRO-3 / FSDP: the parameters too
+        # (PyTorch FSDP keeps no compute copy: the fp32 master shard is cast at gather)
+        weights = weights / group if fw.keeps_compute_weights else 0.0
+    return weights, grads, optimizer
+
+
+def state_bytes_per_param(training: TrainingSpec, plan: Plan) -> tuple[float, float, float]:
+    """(weight, gradient, optimizer-state) bytes per dense parameter on one GPU.
+
+    Megatron mixed precision: 2 + 4 + 12 = 18 B (Adam) or 2 + 4 + 8 (SGD with
+    momentum), or the framework's own (:mod:`pipette_cp.cost.stack.frameworks`); the
+    distributed optimizer divides the optimizer part by the data- and context-parallel
+    ranks, dp x cp (by the shard group under HSDP), ZeRO-2 the gradients too, ZeRO-3
+    the weights too (``plan.sharding``) (megatron/training/theoretical_memory_usage.py:
+    18, or 6 + 12/dp).
+    """
+    return _state_bytes(training, plan, plan.shard_group)
+
+
+def expert_state_bytes_per_param(training: TrainingSpec, plan: Plan) -> tuple[float, float, float]:
+    """:func:`state_bytes_per_param` of a routed-expert parameter: sharded over
+    :func:`expert_shard_group` instead of the data- and context-parallel ranks."""
+    return _state_bytes(training, plan, expert_shard_group(plan))

@@ -1,0 +1,1 @@
+"""Pipeline schedules: the analytic critical path, its inputs, and the discrete-event simulator."""

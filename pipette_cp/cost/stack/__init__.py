@@ -1,0 +1,1 @@
+"""The software stack: kernels, frameworks and their bytes per parameter, precision recipes, the fitted calibration."""

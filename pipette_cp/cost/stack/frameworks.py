@@ -1,0 +1,226 @@
+"""Training frameworks: state bytes per parameter and compute speed, by name.
+
+Every framework keeps Megatron's mixed-precision layout unless a source says
+otherwise: bf16 weights (2 B), fp32 gradient buffer (4 B), fp32 master weights
+(4 B) and two fp32 Adam moments (8 B) per parameter
+(``megatron/training/theoretical_memory_usage.py``: 18 B, or 6 + 12/dp with the
+distributed optimizer).  ``compute_efficiency`` scales the calibrated compute
+model (fitted on Megatron-LM and Megatron-Core runs, so 1.0 for both); for the
+others it is the one parameter fitted per framework (llm-foundry also fits its
+attention efficiency, torchtitan its ring attention's speed with context parallelism):
+``1 / median(predicted / measured throughput)`` over the fit side of the published
+runs (``python -m pipette_cp.experiments.models.published_runs_report --fit``; torchtitan's rows
+are in ``published_runs_moe_cp.csv``: ``python -m pipette_cp.experiments.models.fp8_accuracy
+--fit``), the median so that outliers do not move it.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pipette_cp.cost.stack.calibration import GpuCalibration
+from pipette_cp.errors import SpecError
+from pipette_cp.specs.training import FrameworkProfile, TrainingSpec
+
+
+@dataclass(frozen=True)
+class Framework:
+    """A framework with every value resolved (bytes per parameter; speed relative to 1.0)."""
+
+    name: str
+    compute_efficiency: float
+    weight_bytes: float
+    gradient_bytes: float
+    master_weight_bytes: float
+    optimizer_state_bytes: float
+    provenance: str = ""
+    attention_efficiency: float = 1.0
+    #: per GPU family (``GpuCalibration.gpu_family``), a factor on ``compute_efficiency``
+    gpu_efficiency: tuple[tuple[str, float], ...] = ()
+    #: whether ZeRO-3 keeps a sharded compute copy beside the fp32 master (FSDP: no)
+    keeps_compute_weights: bool = True
+    #: the upper bound's allowance, a fraction of the per-micro-batch memory
+    memory_margin: float = 0.0
+    #: constant memory beyond the tensors (None: the calibrated MEMORY_CALIBRATION value)
+    runtime_bytes: float | None = None
+    #: FP8 (Transformer Engine): the FP8 weight copies are cast once per step and kept
+    #: (Megatron passes ``is_first_microbatch``), and a GEMM keeps its FP8 input for the
+    #: weight gradient instead of the bf16 one; false for torchao's Float8Linear, which
+    #: saves the high-precision input and weight and casts them at every GEMM
+    fp8_keeps_fp8_tensors: bool = True
+    #: factor on the fused attention's efficiency with context parallelism (cp > 1): the
+    #: ring attention's own cost beyond one kernel call's (Transformer Engine's fused p2p
+    #: ring: 1.0)
+    cp_attention_efficiency: float = 1.0
+    #: bytes per logit alive at the peak of an unfused loss (None: Megatron's
+    #: ``cost.kernels.LOGITS_KEPT_BYTES``); a fused loss keeps the bf16 logits alone
+    loss_logit_bytes: float | None = None
+    #: ``selective`` recomputation is per-op checkpointing with torchtitan's policy
+    #: (``cost.memory_recompute``) rather than Megatron's (the attention core)
+    op_selective_recompute: bool = False
+
+    def compute_scale(self, gpu_family: str) -> float:
+        """The factor on the calibrated compute rates on a GPU of ``gpu_family``."""
+        return self.compute_efficiency * dict(self.gpu_efficiency).get(gpu_family, 1.0)
+
+
+def _megatron_layout(
+    name: str, compute_efficiency: float, provenance: str, **extra: Any
+) -> Framework:
+    """A framework with Megatron's mixed-precision bytes: 2 + 4 + 4 + 8 per parameter."""
+    return Framework(name, compute_efficiency, weight_bytes=2.0, gradient_bytes=4.0,
+                     master_weight_bytes=4.0, optimizer_state_bytes=8.0,
+                     provenance=provenance, **extra)  # fmt: skip
+
+
+_FIT = "fitted: 1 / median(predicted / measured) on the fit side of published_runs_more.csv"
+
+#: PyTorch FSDP has none of DeepSpeed's communication buckets, which the fitted runtime
+#: constant (BLOOM, Megatron-DeepSpeed) includes: ``reduce_bucket_size`` and
+#: ``allgather_bucket_size``, 5e8 elements each by default (DeepSpeed ZeRO config), in
+#: fp16: 2 x 5e8 x 2 B less than the fitted 5.56 GiB.
+_FSDP_RUNTIME_BYTES = 5.56 * 2**30 - 2 * 5e8 * 2
+
+
+#: The frameworks by name.
+FRAMEWORKS: dict[str, Framework] = {
+    "megatron-core": _megatron_layout("megatron-core", 1.0, "the compute calibration's runs"),
+    "megatron-lm": _megatron_layout("megatron-lm", 1.0, "the compute calibration's runs (SC21)"),
+    # NVIDIA DGX Cloud benchmarking recipes v24.11.1 (NeMo on Megatron-Core, H100):
+    # step times include what the recipes' timers include.
+    "nemo": _megatron_layout("nemo", 0.926, f"{_FIT} (DGX Cloud, 5 rows)"),
+    # BigScience BLOOM layout search (Megatron-DeepSpeed, ZeRO-1, fp16 optimizer).
+    "megatron-deepspeed": _megatron_layout("megatron-deepspeed", 0.978, f"{_FIT} (BLOOM, 26 rows)"),
+    # Megatron-DeepSpeed with DeepSpeed's BF16 optimizer (runtime/bf16_optimizer.py): the
+    # bf16 .grad of every parameter (2 B) lives until it is added into the full-size fp32
+    # accumulation buffer (4 B); master weights and moments sharded as ZeRO-1.  No rows:
+    # the compute speed of the fp16-optimizer runs.
+    "megatron-deepspeed-bf16": replace(
+        _megatron_layout("megatron-deepspeed-bf16", 0.978, "as megatron-deepspeed (no rows)"),
+        gradient_bytes=6.0,
+    ),
+    # Hagemann et al. 2023: Aleph Alpha's Megatron-style trainer on A100.  Its gradients
+    # are bf16 (2 B): the sheets ran 13B with tp = pp = 1 and ZeRO-1 over 64 A100 80GB,
+    # where bf16 weights (26 GB) and an fp32 gradient buffer (52 GB) alone would not fit.
+    # Its memory margin: the published_runs_fit.fit_memory_margins rule on the fit side's
+    # 228 rows (129 out of memory); the other frameworks' fit sides hold no run that ran
+    # out of memory predicted to fit, so their margin is 0.
+    "aleph-alpha": replace(
+        _megatron_layout("aleph-alpha", 0.916, f"{_FIT} (Hagemann et al., 99 rows)"),
+        gradient_bytes=2.0,
+        memory_margin=0.17,
+    ),
+    # MosaicML llm-foundry benchmarks (PyTorch FSDP, MPT models, A100 and H100): the
+    # compute efficiency per GPU family (Megatron-Core's Transformer Engine gains more on
+    # H100), and its attention (ALiBi): the grid value with the smallest fit-side MAPE.
+    # PyTorch FSDP mixed precision keeps only the fp32 shard of each parameter and casts it
+    # at every all-gather (torch.distributed.fsdp.MixedPrecision, param_dtype: "outside
+    # forward and backward, the sharded parameters are kept in full precision"): 16 B per
+    # parameter under full sharding, no compute copy outside the gathered units.
+    "llm-foundry": _megatron_layout(
+        "llm-foundry",
+        1.0,
+        f"{_FIT}, per GPU family; attention efficiency by grid (50 rows)",
+        attention_efficiency=0.55,
+        gpu_efficiency=(("A100", 1.043), ("H100", 0.887)),
+        keeps_compute_weights=False,
+        runtime_bytes=_FSDP_RUNTIME_BYTES,
+    ),
+    # torchtitan (FSDP2, the same fp32-shard mixed precision as FSDP; SDPA flash attention;
+    # its H100 rows in published_runs_moe_cp.csv, 500 W HBM2e parts).  H100 compute speed:
+    # the frameworks' rule on the fit side's 4 BF16 rows without context parallelism (8B,
+    # 8 and 128 GPUs, eager and compiled: median predicted / measured throughput 1.000),
+    # `python -m pipette_cp.experiments.models.fp8_accuracy --fit`; A100: llm-foundry's (no rows).
+    "torchtitan": _megatron_layout(
+        "torchtitan",
+        1.0,
+        "fitted: H100 on the fit side's 4 torchtitan BF16 rows (published_runs_moe_cp.csv); "
+        "A100 llm-foundry's (no rows); cp attention efficiency by grid (3 rows)",
+        gpu_efficiency=(("A100", 1.043), ("H100", 0.738)),
+        keeps_compute_weights=False,
+        # The GPU holds FSDP's runtime constant (CUDA context, NCCL buffers), which the
+        # fit decision needs.  Its rows' memory is the caching allocator's reserved peak
+        # (train.py logs torch.cuda.memory_stats()["reserved_bytes.all.peak"];
+        # instances/calibration/README.md), without them: the accuracy experiments compare
+        # it with MemoryBreakdown.reserved_bytes (the peak less the runtime constant; the
+        # allocator's reserve, allocator_fraction, stays).
+        runtime_bytes=_FSDP_RUNTIME_BYTES,
+        # Its loss (train.py at 9dec370, not compiled): cross_entropy(pred.float(), labels)
+        # keeps the fp32 log-softmax output (4 B) for its backward, where the fp32
+        # gradient from the NLL (4 B) and the log-softmax's fp32 input gradient (4 B) are
+        # alive with it: 12 B per logit; the bf16 logits are freed first (`del pred`).
+        loss_logit_bytes=12.0,
+        # `selective` is its per-op checkpointing (activation_checkpoint "op" policy)
+        op_selective_recompute=True,
+        # PyTorch's ring attention (torch.distributed.tensor.experimental._attention, the
+        # torch of these runs): one SDPA call per ring step on half-chunks, every step's
+        # output and log-sum-exp merged in fp32, dQ/dK/dV accumulated and dK/dV passed
+        # round the ring in fp32, K/V copied (concatenated) every step at the query heads'
+        # width (torchtitan repeats K/V before SDPA) and all-gathered after the first step.
+        # How much slower that makes the attention is not derived from the sources:
+        # fitted, the grid value minimising the step-time MAPE of the fit side's 3
+        # torchtitan rows with cp > 1 (8B at cp 2, 4, 8: +30.9, -0.4, -3.6 %),
+        # `python -m pipette_cp.experiments.models.moe_cp_accuracy --fit`.
+        cp_attention_efficiency=0.73,
+        # torchao float8 (torchtitan's Float8): matmul_with_hp_or_float8_args saves
+        # (input_hp, weight_hp_t) for backward and casts both at every call
+        fp8_keeps_fp8_tensors=False,
+    ),
+}
+
+_FIELDS = ("compute_efficiency", "weight_bytes", "gradient_bytes", "master_weight_bytes",
+           "optimizer_state_bytes")  # fmt: skip
+_OPTIONAL = ("attention_efficiency", "keeps_compute_weights", "memory_margin", "runtime_bytes")
+
+
+@functools.lru_cache(maxsize=64)
+def resolve_framework(profile: FrameworkProfile) -> Framework:
+    """The named framework with the profile's non-None fields applied.
+
+    Raises
+    ------
+    SpecError
+        An unknown name without every field given.
+    """
+    given = {
+        f: getattr(profile, f) for f in (*_FIELDS, *_OPTIONAL) if getattr(profile, f) is not None
+    }
+    base = FRAMEWORKS.get(profile.name)
+    if base is None:
+        missing = [f for f in _FIELDS if f not in given]
+        if missing:
+            raise SpecError(
+                "training.framework.name",
+                profile.name,
+                f"unknown framework; known: {', '.join(FRAMEWORKS)} (or give "
+                f"{', '.join(missing)} too)",
+            )
+        return Framework(name=profile.name, provenance="user-defined", **given)
+    if "compute_efficiency" in given:  # one value for every GPU family
+        given["gpu_efficiency"] = ()
+    return replace(base, **given) if given else base
+
+
+def framework_calibration(cal: GpuCalibration, training: TrainingSpec) -> GpuCalibration:
+    """``cal`` with the GEMM ceilings (bf16 and FP8) and the HBM rate scaled by the
+    framework's ``compute_efficiency`` (fused attention: :func:`attention_scale`)."""
+    eff = resolve_framework(training.framework).compute_scale(cal.gpu_family)
+    if eff == 1.0:
+        return cal
+    return replace(
+        cal,
+        gemm_efficiency_max=cal.gemm_efficiency_max * eff,
+        hbm_efficiency=cal.hbm_efficiency * eff,
+        fp8_gemm_efficiency_max=cal.fp8_gemm_efficiency_max * eff,
+    )
+
+
+def attention_scale(training: TrainingSpec, gpu_family: str, cp: int = 1) -> float:
+    """Factor on a fused attention kernel's efficiency: the framework's compute scale on
+    that GPU family and its attention efficiency (with ``cp > 1`` also its
+    ``cp_attention_efficiency``)."""
+    fw = resolve_framework(training.framework)
+    ring = fw.cp_attention_efficiency if cp > 1 else 1.0
+    return fw.compute_scale(gpu_family) * fw.attention_efficiency * ring

@@ -1,0 +1,236 @@
+"""FLOP counts: the GEMMs of one transformer layer on one tensor-parallel (and
+context-parallel) rank, the model FLOPs of an iteration (for MFU) and the executed ones
+with recomputation (for HFU).
+
+Mixture-of-experts models count what a token activates (the MFU convention of
+Megatron-Core MoE and DeepSeek-V3: FLOPs of the activated parameters): the router,
+its ``top_k`` routed experts and the shared experts of every MoE layer, the dense MLP of
+every dense layer; capacity padding, dropped tokens and load imbalance are not model
+FLOPs.  Context parallelism splits the work of a sequence without changing it.
+
+Their timing lives in :mod:`pipette_cp.cost.compute.model_chunks`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipette_cp.cost.workload.sliding_window import window_flops_fraction
+from pipette_cp.specs.model import ModelSpec
+from pipette_cp.specs.plan import Plan
+from pipette_cp.specs.training import TrainingSpec
+
+#: The GEMMs of the attention core (what selective recomputation redoes).
+ATTENTION_CORE = ("scores", "context")
+#: The attention's projections: QKV and output, or those of multi-head latent attention.
+ATTENTION_PROJECTIONS = ("qkv", "q_down", "q_up", "q_proj", "kv_down", "kv_up", "proj")
+#: The latent attention's down-projections, duplicated on every tensor-parallel rank.
+DUPLICATED = ("q_down", "kv_down")
+_ALL = (*ATTENTION_PROJECTIONS, *ATTENTION_CORE, "fc1", "fc2")
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One (possibly batched) matrix product ``[m x k] @ [k x n]`` in 2-byte elements."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+
+    @property
+    def flops(self) -> float:
+        """2 m n k per product (a multiply and an add)."""
+        return 2.0 * self.m * self.n * self.k * self.batch
+
+    def backward(self) -> tuple[Gemm, Gemm]:
+        """Data-gradient and weight-gradient products (same FLOPs each)."""
+        return (
+            Gemm(f"{self.name}.dgrad", self.m, self.k, self.n, self.batch),
+            Gemm(f"{self.name}.wgrad", self.k, self.n, self.m, self.batch),
+        )
+
+
+def fc1_factor(model: ModelSpec) -> int:
+    """Output columns of FC1 per unit of MLP width: 2 for SwiGLU (gate and up), else 1."""
+    return 2 if model.activation == "swiglu" else 1
+
+
+def attention_projection_gemms(
+    model: ModelSpec, tokens: int, tp: int, sequence_parallel: bool = False
+) -> tuple[Gemm, ...]:
+    """Forward projection GEMMs of one layer's attention on one tensor-parallel rank over
+    ``tokens`` rows: QKV (column-parallel) and the output projection (row-parallel).
+
+    Multi-head latent attention (Megatron-Core ``MLASelfAttention``, DeepSeek-V2 sec.
+    2.1.2): the down-projections ``linear_q_down_proj`` (h x q_lora_rank) and
+    ``linear_kv_down_proj`` (h x (kv_lora_rank + rope)) are Transformer Engine ``TELinear``
+    with ``parallel_mode='duplicated'`` (the TE layer spec): unsplit on every rank, over
+    the rank's ``tokens / tp`` sequence-parallel rows, else over all ``tokens`` (the
+    work duplicated); the up-projections ``linear_q_up_proj`` (q_lora_rank x heads (nope
+    + rope); ``linear_q_proj`` from h without q_lora_rank) and ``linear_kv_up_proj``
+    (kv_lora_rank x heads (nope + v)) are column-parallel, ``linear_proj`` (heads v x h)
+    row-parallel.
+    """
+    h, heads = model.hidden_size, model.num_attention_heads
+    if not model.is_mla:
+        q_width, kv_width = heads * model.head_size, model.kv_heads * model.head_size
+        return (
+            Gemm("qkv", tokens, (q_width + 2 * kv_width) // tp, h),
+            Gemm("proj", tokens, h, q_width // tp),
+        )
+    assert model.kv_lora_rank is not None and model.qk_rope_head_dim is not None
+    assert model.qk_nope_head_dim is not None
+    local = tokens // tp if sequence_parallel else tokens  # rows of a duplicated GEMM
+    qk, v = model.head_size, model.v_head_size
+    if model.q_lora_rank is None:
+        queries: tuple[Gemm, ...] = (Gemm("q_proj", tokens, heads * qk // tp, h),)
+    else:
+        rank = model.q_lora_rank
+        queries = (Gemm("q_down", local, rank, h), Gemm("q_up", tokens, heads * qk // tp, rank))
+    latent = model.kv_lora_rank + model.qk_rope_head_dim
+    up = heads * (model.qk_nope_head_dim + v) // tp
+    return (
+        *queries,
+        Gemm("kv_down", local, latent, h),
+        Gemm("kv_up", tokens, up, model.kv_lora_rank),
+        Gemm("proj", tokens, h, heads * v // tp),
+    )
+
+
+def layer_gemms(
+    model: ModelSpec,
+    seq_length: int,
+    micro_batch_size: int,
+    tp: int,
+    cp: int = 1,
+    sequence_parallel: bool = False,
+) -> tuple[Gemm, ...]:
+    """Forward GEMMs of one transformer layer on one tensor-parallel rank.
+
+    Megatron's layer: the attention projections (:func:`attention_projection_gemms`),
+    scores ``Q K^T`` (query/key head width) and context ``P V`` (value head width: they
+    differ with latent attention) per head (batched over ``b a / t`` heads), FC1
+    (column-parallel; SwiGLU doubles its width) and FC2 (row-parallel).  With
+    context parallelism (``cp``) a rank holds ``s / cp`` of every sequence: the
+    projections run over ``s b / cp`` rows, and its queries attend over the whole
+    sequence's keys (``s / cp x s`` scores: 1/cp of the attention; Megatron's
+    load-balanced chunks give each rank 1/cp of the causal work too).  The core is the
+    full ``s x s`` product (a sliding window's share: :func:`core_flops`).
+    """
+    h, f, s = model.hidden_size, model.ffn_hidden_size, seq_length
+    d, dv = model.head_size, model.v_head_size
+    tokens, queries = s * micro_batch_size // cp, s // cp
+    heads = micro_batch_size * model.num_attention_heads // tp
+    fc1_width = fc1_factor(model) * f
+    *projections, proj = attention_projection_gemms(model, tokens, tp, sequence_parallel)
+    return (
+        *projections,
+        Gemm("scores", queries, s, d, heads),
+        Gemm("context", queries, dv, s, heads),
+        proj,
+        Gemm("fc1", tokens, fc1_width // tp, h),
+        Gemm("fc2", tokens, h, f // tp),
+    )
+
+
+def core_flops(model: ModelSpec, seq_length: int, gemms: tuple[Gemm, ...], names: tuple) -> float:
+    """FLOPs of the ``gemms`` named in ``names``, the attention core's at the share a
+    sliding window leaves (:func:`~pipette_cp.cost.workload.sliding_window.window_flops_fraction`)."""
+    window = window_flops_fraction(model, seq_length)
+    return sum(
+        g.flops * (window if g.name in ATTENTION_CORE else 1.0) for g in gemms if g.name in names
+    )
+
+
+def layer_forward_flops(
+    model: ModelSpec, seq_length: int, micro_batch_size: int = 1, tp: int = 1
+) -> float:
+    """Forward FLOPs of one layer on one rank; ``24 b s h^2 + 4 b s^2 h`` for GPT.
+
+    Narayanan et al. 2021 sec. 5.1 (ffn = 4h, MHA); attention counted in full
+    (no causal halving), as Megatron's FLOP counters do; a sliding window's layers at
+    their share of it (:func:`core_flops`).
+    """
+    gemms = layer_gemms(model, seq_length, micro_batch_size, tp)
+    return core_flops(model, seq_length, gemms, _ALL)
+
+
+def moe_mlp_active_flops(model: ModelSpec, seq_length: int) -> float:
+    """Forward FLOPs per sequence of one mixture-of-experts MLP as a token activates it:
+    the router (``2 s h E``), ``top_k`` routed experts and the shared experts (``2 s``
+    per weight of each, SwiGLU's three matrices or GeLU's two), the shared-expert gate
+    (``2 s h``)."""
+    s, h = seq_length, model.hidden_size
+    per_width = (fc1_factor(model) + 1) * h  # weights per unit of MLP width
+    router = 2.0 * s * h * model.num_experts
+    routed = 2.0 * s * model.moe_top_k * model.expert_width * per_width
+    shared = 2.0 * s * model.shared_expert_width * per_width
+    gate = 2.0 * s * h if model.shared_expert_gate else 0.0
+    return router + routed + shared + gate
+
+
+def moe_layer_forward_flops(model: ModelSpec, seq_length: int) -> float:
+    """Forward FLOPs per sequence of one mixture-of-experts layer (active parameters):
+    attention as in a dense layer plus :func:`moe_mlp_active_flops`."""
+    attention = (*ATTENTION_PROJECTIONS, *ATTENTION_CORE)
+    gemms = layer_gemms(model, seq_length, 1, 1)
+    return core_flops(model, seq_length, gemms, attention) + moe_mlp_active_flops(model, seq_length)
+
+
+def _layers_forward_flops(model: ModelSpec, seq_length: int) -> float:
+    """Forward FLOPs per sequence of every transformer layer (MoE layers active)."""
+    dense = model.num_dense_layers * layer_forward_flops(model, seq_length)
+    return dense + model.num_moe_layers * moe_layer_forward_flops(model, seq_length)
+
+
+def mtp_forward_flops(model: ModelSpec, seq_length: int) -> float:
+    """Forward FLOPs per sequence of the multi-token prediction modules (DeepSeek-V3 sec.
+    2.2): each a block of the last layer's kind, its ``eh_proj`` (``2 s 2h h``) and a
+    logits GEMM of the shared output head (``2 s h V``); 0 without them."""
+    if not model.mtp_layers:
+        return 0.0
+    s, h = seq_length, model.hidden_size
+    last = model.num_layers - 1
+    block = (moe_layer_forward_flops if model.is_moe_layer(last) else layer_forward_flops)(model, s)
+    return model.mtp_layers * (block + 2.0 * s * 2 * h * h + 2.0 * s * h * model.vocab_size)
+
+
+def model_flops_per_iteration(model: ModelSpec, training: TrainingSpec) -> float:
+    """Model FLOPs of one iteration (for MFU): forward + backward, no recompute.
+
+    ``3 x (L x layer forward + logits)`` per sequence; for GPT this is
+    ``72 B s L h^2 (1 + s/(6h) + V/(12 L h))`` (Narayanan et al. 2021, eq. 3
+    without recomputation), i.e. ~6 N FLOPs per token plus attention.  A
+    mixture-of-experts model: ~6 N_active per token plus attention (its MoE layers by
+    :func:`moe_layer_forward_flops`, its dense layers as a dense model's).  The
+    multi-token prediction modules are model FLOPs too (:func:`mtp_forward_flops`).
+    """
+    s = training.seq_length
+    # Logits GEMM, 2 s h V per sequence (Narayanan et al. 2021).
+    logits = 2.0 * s * model.hidden_size * model.vocab_size
+    if model.is_moe:
+        per_seq = _layers_forward_flops(model, s) + logits
+    else:
+        per_seq = model.num_layers * layer_forward_flops(model, s) + logits
+    per_seq += mtp_forward_flops(model, s)
+    return 3.0 * per_seq * training.global_batch_size
+
+
+def hardware_flops_per_iteration(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
+    """Executed FLOPs of one iteration (for HFU): model FLOPs plus recomputation.
+
+    Full recompute adds one layer forward, ``96 B s L h^2 (1 + s/(6h) + V/(16 L h))``
+    for GPT (Narayanan et al. 2021, eq. 3); selective adds the attention core.  A
+    mixture-of-experts model's full recompute redoes its layers' active FLOPs.  The
+    multi-token prediction blocks are recomputed like the others (not counted here).
+    """
+    s = training.seq_length
+    redone = {"full": _ALL, "selective": ATTENTION_CORE, "none": ()}[plan.recompute]
+    gemms = layer_gemms(model, s, 1, 1)
+    if model.is_moe and plan.recompute == "full":
+        extra = _layers_forward_flops(model, s)
+    else:
+        extra = core_flops(model, s, gemms, redone) * model.num_layers
+    return model_flops_per_iteration(model, training) + extra * training.global_batch_size

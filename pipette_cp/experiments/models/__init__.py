@@ -1,0 +1,1 @@
+"""Experiments on the cost models: accuracy against published runs, calibration, agreement, generator statistics."""

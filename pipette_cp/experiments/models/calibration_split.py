@@ -1,0 +1,140 @@
+"""A deterministic fit / held-out split of the published-run rows.
+
+Every row of the three CSVs in ``instances/calibration/`` gets a side,
+:data:`FIT` or :data:`HELD_OUT`, by :func:`assign_split`:
+
+- ``published_runs_calibration.csv`` is all :data:`FIT`: the constants in
+  :mod:`pipette_cp.cost.stack.calibration` were already fitted on those rows.
+- The rows of ``published_runs_more.csv`` and ``published_runs_moe_cp.csv`` are
+  grouped into *sweeps* (:func:`sweep_key`): one Hagemann et al. run sheet and
+  attention kernel, one BigScience date, one llm-foundry model on one GPU type,
+  one DGX Cloud / NeMo / torchtitan / Megatron-MoE model.  A sweep stays whole
+  on one side, so that within-sweep comparisons (how throughput moves with one
+  knob) can be measured on held-out rows.
+- Within each source family (:func:`family`) the sweeps are ordered by a
+  SHA-256 of their key and taken in that order into the held-out side while it
+  stays within :data:`HELD_OUT_MAX` of the family's rows (the first sweep that
+  fits always goes in, and one sweep always stays on the fit side): about 30 %
+  held out, every family with rows on both sides.  A family with a single sweep
+  is split row by row on the hash of the row's identifying columns instead.
+
+The split depends only on the rows' contents (not on their order or on Python's
+hash seed), so it is the same on every machine and every run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import defaultdict
+
+FIT = "fit"
+HELD_OUT = "held-out"
+
+#: Target share of held-out rows per family, and the most a family may hold out.
+HELD_OUT_TARGET = 0.30
+HELD_OUT_MAX = 0.40
+
+#: Columns that identify a run (with the source and notes).
+IDENTITY = (
+    "source",
+    "model_name",
+    "gpu_type",
+    "num_gpus",
+    "seq_len",
+    "global_batch_size",
+    "micro_batch_size",
+    "tp",
+    "pp",
+    "dp",
+    "virtual_pp",
+    "sequence_parallel",
+    "recompute",
+    "notes",
+)
+
+
+def family(row: dict[str, str]) -> str:
+    """The source family of a row (one name per publication or benchmark suite)."""
+    source, notes = row["source"], row.get("notes", "")
+    if source.startswith("Hagemann"):
+        return "hagemann"
+    if "bigscience" in source:
+        return "bloom"
+    if "llm-foundry" in source:
+        return "mpt"
+    if "dgxc-benchmarking" in source:
+        return "dgxc-moe" if "kind=moe" in notes else "dgxc"
+    if "NeMo" in source or "nemo" in source.lower().split()[0]:
+        return "nemo"
+    if "torchtitan" in source:
+        return "torchtitan"
+    if "MoE-ModelZoo" in source or "Megatron-MoE" in source:
+        return "megatron-moe"
+    if source.startswith("Narayanan"):
+        return "sc21"
+    if "GPT-3 Example" in source:
+        return "gpt3"
+    return "mcore"
+
+
+def sweep_key(row: dict[str, str]) -> str:
+    """The sweep a row belongs to (kept whole on one side of the split)."""
+    fam, notes = family(row), row.get("notes", "")
+    if fam == "hagemann":
+        kernel = re.search(r"kernel=([^;]*)", notes)
+        sheet = row["source"].rsplit("/", 1)[-1]
+        return f"{fam}|{sheet}|{kernel.group(1).strip() if kernel else ''}"
+    if fam == "bloom":
+        date = re.search(r"date (\d\d-\d\d)", notes)
+        return f"{fam}|{date.group(1) if date else row['model_name']}"
+    if fam == "mpt":
+        return f"{fam}|{row['model_name']}|{row['gpu_type']}"
+    base = re.sub(r"\s*\(reduced-depth proxy.*\)", "", row["model_name"])
+    return f"{fam}|{base}"
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def row_key(row: dict[str, str]) -> str:
+    """A stable identity of a row (its identifying columns joined)."""
+    return "|".join(row.get(column, "") for column in IDENTITY)
+
+
+def assign_split(rows: list[dict[str, str]], *, calibration: bool = False) -> list[str]:
+    """:data:`FIT` or :data:`HELD_OUT` for every row, in order (see module notes).
+
+    ``calibration=True`` marks rows of ``published_runs_calibration.csv`` (all fit).
+    """
+    if calibration:
+        return [FIT] * len(rows)
+    sweeps: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for i, row in enumerate(rows):
+        sweeps[family(row)][sweep_key(row)].append(i)
+    sides = [FIT] * len(rows)
+    for groups in sweeps.values():
+        total = sum(len(g) for g in groups.values())
+        if len(groups) == 1:
+            (indices,) = groups.values()
+            ranked = sorted(indices, key=lambda i: _digest(row_key(rows[i])))
+            take = max(1, round(HELD_OUT_TARGET * total)) if total > 1 else 0
+            for i in ranked[:take]:
+                sides[i] = HELD_OUT
+            continue
+        held = 0
+        ordered = sorted(groups, key=_digest)
+        for key in ordered[:-1]:
+            size = len(groups[key])
+            if held >= HELD_OUT_TARGET * total:
+                break
+            if held + size <= HELD_OUT_MAX * total:
+                held += size
+                for i in groups[key]:
+                    sides[i] = HELD_OUT
+        if held == 0:  # every sweep too large: hold out the smallest
+            smallest = min(ordered, key=lambda k: (len(groups[k]), _digest(k)))
+            for i in groups[smallest]:
+                sides[i] = HELD_OUT
+    return sides

@@ -1,0 +1,1 @@
+"""Hugging Face ``config.json`` readers: dense and mixture-of-experts architectures."""

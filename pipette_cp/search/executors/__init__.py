@@ -1,0 +1,1 @@
+"""Where the search's work runs: this process, worker processes, or Ray actors."""

@@ -1,0 +1,34 @@
+"""The search's runners by name: this process, worker processes, or Ray actors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pipette_cp.errors import SpecError
+from pipette_cp.search.executors.ray_actors import RayRunner
+from pipette_cp.search.executors.workers import InlineRunner, ProcessRunner, Runner, check_jobs
+from pipette_cp.specs import Instance, Plan
+
+#: Where the search's work runs (``--executor``).
+EXECUTORS = ("local", "ray")
+
+
+def make_runner(
+    instance: Instance, method: str, layouts: Sequence[Plan], jobs: int,
+    executor: str = "local", address: str | None = None,
+) -> Runner:  # fmt: skip
+    """The runner of ``jobs`` workers, each holding ``instance``, the method and the
+    search's ``layouts`` (work refers to them by index): this process for one local
+    worker, else worker processes; ``executor="ray"``: Ray actors
+    (:mod:`~pipette_cp.search.executors.ray_actors`, ``address`` of a running cluster or a local
+    one)."""
+    check_jobs(jobs)
+    if executor == "ray":
+        return RayRunner(instance, method, layouts, jobs, address)
+    if executor != "local":
+        raise SpecError("executor", executor, f"expected one of {', '.join(EXECUTORS)}")
+    if address is not None:
+        raise SpecError("ray_address", address, "only with executor='ray'")
+    if jobs == 1:
+        return InlineRunner(instance, method, layouts)
+    return ProcessRunner(instance, method, layouts, jobs)
