@@ -14,7 +14,8 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from pipette_cp import __version__
-from pipette_cp.cli import bench, cluster, explain, export, info, predict, profile, solve
+from pipette_cp.cli import bench, explain, export, info, predict, profile, solve
+from pipette_cp.cli.cluster import commands as cluster
 from pipette_cp.cli.console import console, err_console, settings
 from pipette_cp.errors import PipetteError
 

@@ -10,8 +10,7 @@ from typing import Annotated
 import typer
 
 from pipette_cp.api import solve_with_stats
-from pipette_cp.cli.clock import STARTED_AT
-from pipette_cp.cli.console import console, err_console
+from pipette_cp.cli.console import STARTED_AT, console, err_console
 from pipette_cp.cli.options import (
     NO_REPLACEMENTS,
     InstanceArgument,

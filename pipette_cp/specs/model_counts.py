@@ -7,10 +7,111 @@ names call these functions.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from pipette_cp.specs.model import ModelSpec
+from pipette_cp.specs.model_fields import Activation, Norm
+
+
+class ModelSpec(Protocol):
+    """What the counts read of a model: the fields and derived sizes of
+    :class:`pipette_cp.specs.model.ModelSpec` (which satisfies this, and whose properties
+    call the counts: so this module does not import it)."""
+
+    @property
+    def activation(self) -> Activation: ...
+
+    @property
+    def attention_sinks(self) -> bool: ...
+
+    @property
+    def dense_layer_params(self) -> int: ...
+
+    @property
+    def embedding_params(self) -> int: ...
+
+    @property
+    def expert_width(self) -> int: ...
+
+    @property
+    def head_size(self) -> int: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def is_mla(self) -> bool: ...
+
+    @property
+    def is_moe(self) -> bool: ...
+
+    @property
+    def kv_heads(self) -> int: ...
+
+    @property
+    def kv_lora_rank(self) -> int | None: ...
+
+    @property
+    def linear_bias(self) -> bool: ...
+
+    @property
+    def moe_layer_active_params(self) -> int: ...
+
+    @property
+    def moe_layer_params(self) -> int: ...
+
+    @property
+    def moe_router_expert_bias(self) -> bool: ...
+
+    @property
+    def mtp_layers(self) -> int: ...
+
+    @property
+    def norm(self) -> Norm: ...
+
+    @property
+    def num_attention_heads(self) -> int: ...
+
+    @property
+    def num_dense_layers(self) -> int: ...
+
+    @property
+    def num_experts(self) -> int: ...
+
+    @property
+    def num_moe_layers(self) -> int: ...
+
+    @property
+    def num_shared_experts(self) -> int: ...
+
+    @property
+    def output_params(self) -> int: ...
+
+    @property
+    def post_sublayer_norm(self) -> bool: ...
+
+    @property
+    def q_lora_rank(self) -> int | None: ...
+
+    @property
+    def qk_nope_head_dim(self) -> int | None: ...
+
+    @property
+    def qk_norm(self) -> bool: ...
+
+    @property
+    def qk_rope_head_dim(self) -> int | None: ...
+
+    @property
+    def qkv_bias(self) -> bool: ...
+
+    @property
+    def shared_expert_gate(self) -> bool: ...
+
+    @property
+    def shared_expert_width(self) -> int: ...
+
+    @property
+    def v_head_dim(self) -> int | None: ...
 
 
 def norm(m: ModelSpec, width: int) -> int:

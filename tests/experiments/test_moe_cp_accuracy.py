@@ -10,13 +10,8 @@ import pytest
 from pipette_cp.cost.evaluator.evaluate import Evaluator
 from pipette_cp.experiments.models.accuracy import read_rows
 from pipette_cp.experiments.models.calibration_split import FIT, HELD_OUT
-from pipette_cp.experiments.models.moe_cp_accuracy import (
-    RowResult,
-    Skipped,
-    flop_check_rows,
-    mape,
-    run,
-)
+from pipette_cp.experiments.models.moe_cp_accuracy import flop_check_rows, mape, run
+from pipette_cp.experiments.models.moe_cp_rows import RowResult, Skipped
 from pipette_cp.experiments.models.moe_cp_setup import (
     MOE_CP_CSV,
     Skip,

@@ -81,6 +81,7 @@ from pipette_cp.cost.evaluator.evaluate import Evaluator
 from pipette_cp.cost.stack.frameworks import resolve_framework
 from pipette_cp.experiments.models import torchtitan_rows
 from pipette_cp.experiments.models.calibration_split import FIT, HELD_OUT, family
+from pipette_cp.experiments.models.moe_cp_rows import RowResult, Skipped
 from pipette_cp.experiments.models.moe_cp_setup import (
     DroplessPair,
     Skip,
@@ -110,51 +111,6 @@ def mape(predicted: Sequence[float], measured: Sequence[float]) -> float:
     if len(predicted) != len(measured) or not predicted:
         raise ValueError("mape needs as many predictions as measurements, at least one")
     return float(np.mean([abs(p / m - 1.0) for p, m in zip(predicted, measured, strict=True)]))
-
-
-@dataclass(frozen=True)
-class RowResult:
-    """One row: measured and predicted step time (s) and peak memory (GiB); ``attention``:
-    the share of the predicted time the fused attention adds when it runs at half speed
-    (its share of the step)."""
-
-    index: int
-    family: str
-    gpu: str
-    side: str
-    moe: bool
-    cp: int
-    fp8: bool
-    name: str
-    layout: str
-    measured_from: str
-    measured_s: float
-    predicted_s: float
-    fits: bool
-    shares: tuple[float, ...]
-    attention: float
-    measured_mem_gib: float
-    predicted_mem_gib: float
-
-    @property
-    def error(self) -> float:
-        """(predicted - measured) / measured step time."""
-        return self.predicted_s / self.measured_s - 1.0
-
-    @property
-    def groups(self) -> tuple[str, ...]:
-        """``MoE`` and / or ``CP``."""
-        return (("MoE",) if self.moe else ()) + (("CP",) if self.cp > 1 else ())
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """A row the models cannot express, and why."""
-
-    index: int
-    family: str
-    name: str
-    reason: str
 
 
 def evaluate_row(

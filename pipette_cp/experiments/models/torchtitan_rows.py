@@ -34,7 +34,6 @@ import math
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 from unittest.mock import patch
 
 import numpy as np
@@ -44,6 +43,7 @@ from pipette_cp.cost.memory.peak import memory_by_stage
 from pipette_cp.cost.stack import frameworks as fw
 from pipette_cp.experiments.models.accuracy import read_rows
 from pipette_cp.experiments.models.calibration_split import FIT, HELD_OUT, assign_split, family
+from pipette_cp.experiments.models.moe_cp_rows import RowResult
 from pipette_cp.experiments.models.moe_cp_setup import (
     MOE_CP_CSV,
     moe_cp_setup,
@@ -56,12 +56,9 @@ from pipette_cp.experiments.models.published_runs_setup import (
     note,
     row_precision,
 )
+from pipette_cp.specs.instance import Instance
+from pipette_cp.specs.plan import Plan
 from pipette_cp.units import GiB
-
-if TYPE_CHECKING:
-    from pipette_cp.experiments.models.moe_cp_accuracy import RowResult
-    from pipette_cp.specs.instance import Instance
-    from pipette_cp.specs.plan import Plan
 
 #: The GPU family of every torchtitan row, whose compute efficiency is fitted.
 GPU_FAMILY = "H100"

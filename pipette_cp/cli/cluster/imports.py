@@ -1,6 +1,6 @@
 """``pipette-cp cluster import nccl-tests | mpigraph | pipette-json | csv``: measurements in.
 
-The sub-group is :data:`import_app`; :mod:`pipette_cp.cli.cluster` mounts it as
+The sub-group is :data:`import_app`; :mod:`pipette_cp.cli.cluster.commands` mounts it as
 ``cluster import``.  Each command reads one measurement format (pairwise nccl-tests
 logs, mpiGraph output, Pipette's JSON matrix, a CSV matrix), fills in what the format
 does not say (GPU type, NICs, intra-node bandwidth) from its options and writes a

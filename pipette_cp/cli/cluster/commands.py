@@ -1,7 +1,7 @@
 """``pipette-cp cluster generate | import | measure-plan | compare``: cluster files.
 
 The group is :data:`cluster_app` (``import`` is its sub-group
-:data:`~pipette_cp.cli.cluster_import.import_app`, in :mod:`pipette_cp.cli.cluster_import`);
+:data:`~pipette_cp.cli.cluster.imports.import_app`, in :mod:`pipette_cp.cli.cluster.imports`);
 :mod:`pipette_cp.cli.app` mounts it as ``cluster``.
 """
 
@@ -15,14 +15,14 @@ import typer
 import yaml
 from rich.table import Table
 
-from pipette_cp.cli.cluster_import import (
+from pipette_cp.cli.cluster.imports import (
     import_app,
     import_csv,
     import_mpigraph,
     import_nccl_tests,
     import_pipette_json,
 )
-from pipette_cp.cli.cluster_import import write_and_report as _write
+from pipette_cp.cli.cluster.imports import write_and_report as _write
 from pipette_cp.cli.console import console
 from pipette_cp.clusters.compare import DriftReport, compare_clusters
 from pipette_cp.clusters.generators.registry import generate, generate_timeline

@@ -1,0 +1,1 @@
+"""``pipette-cp cluster``: generate, import, measure and compare cluster files."""
