@@ -56,6 +56,16 @@ def test_calibration_rows_are_all_fit():
     assert assign_split(rows, calibration=True) == [FIT] * len(rows)
 
 
+def _baseline_of(few, columns, tmp_path):
+    """:func:`run_baseline` of the rows ``few``, written to a CSV of ``columns``."""
+    path = tmp_path / "few.csv"
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(few)
+    return run_baseline(path)
+
+
 def test_baseline_on_a_few_rows_is_finite(tmp_path):
     rows = read_rows(MORE_CSV)
     ran = [r for r in rows if "step_time_s" in r["notes"] or r["measured_tflops_per_gpu"]]
@@ -67,12 +77,7 @@ def test_baseline_on_a_few_rows_is_finite(tmp_path):
         if "context_parallel" in r["notes"] and "context_parallel=1" not in r["notes"]
     ]
     few = ran[:4] + ran[-4:] + oom[:2] + fsdp[:1] + cp[:1]
-    path = tmp_path / "few.csv"
-    with open(path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(few)
-    baseline = run_baseline(path)
+    baseline = _baseline_of(few, list(rows[0]), tmp_path)
     # the FSDP row is modelled (ZeRO-3), the context-parallel one is not
     assert len(baseline.results) == 11 and sum(baseline.skipped.values()) == 1
     measured = [r for r in baseline.results if not r.oom]
@@ -131,12 +136,7 @@ def test_report_plot_and_csv_on_a_few_rows(tmp_path):
     with_memory = [r for r in rows if r["measured_mem_gb_per_gpu"] and family(r) == "bloom"]
     oom = [r for r in rows if "OOM" in r["notes"]]
     few = ran[:3] + with_memory[:2] + ran[-3:] + oom[:2]
-    path = tmp_path / "few.csv"
-    with open(path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(few)
-    baseline = run_baseline(path)
+    baseline = _baseline_of(few, list(rows[0]), tmp_path)
     text = format_report(baseline)
     for part in ("attention kernel", "recompute", "sequence length", "GPU type", "pick", "memory"):
         assert part in text

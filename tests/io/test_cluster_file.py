@@ -35,6 +35,7 @@ from pipette_cp.specs.cluster import ClusterSpec
 from pipette_cp.specs.gpu import resolve_gpu
 from pipette_cp.units import GB, MiB
 from tests.conftest import FIXTURES
+from tests.input_errors import refuses_missing_and_malformed
 
 PIPETTE = FIXTURES / "pipette"
 
@@ -152,12 +153,9 @@ def test_bad_input_is_one_line_naming_the_field(edit, field, message):
 
 
 def test_file_errors(tmp_path: Path):
-    with pytest.raises(InputFileError, match="no such file"):
-        read_cluster_file(tmp_path / "none.yaml")
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("format: [unclosed\n")
-    with pytest.raises(InputFileError, match="malformed YAML at line"):
-        read_cluster_file(bad)
+    bad = refuses_missing_and_malformed(
+        read_cluster_file, tmp_path / "bad.yaml", "format: [unclosed\n", "malformed YAML at line"
+    )
     bad.write_text("name: x\n")
     with pytest.raises(InputFileError, match="expected 'pipette-cp-cluster/1'"):
         read_cluster_file(bad)

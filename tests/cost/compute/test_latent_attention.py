@@ -15,13 +15,30 @@ from pipette_cp.cost.compute.model_chunks import chunk_times
 from pipette_cp.cost.evaluator.evaluate import Evaluator
 from pipette_cp.cost.memory.peak import memory_by_stage
 from pipette_cp.cost.workload.flops import layer_gemms, model_flops_per_iteration
-from pipette_cp.io.model_file import load_model
 from pipette_cp.solvers.split import solve_split
 from pipette_cp.solvers.split.cost import split_cost
 from pipette_cp.solvers.split.oracle import brute_force_split
 from pipette_cp.specs.layouts import make_plan
 from pipette_cp.specs.training import TrainingSpec
 from tests.conftest import small_instance
+from tests.cost.deepseek_v3 import (
+    DENSE_FFN,
+    DENSE_LAYERS,
+    DS,
+    EXPERT_FFN,
+    EXPERTS,
+    KVL,
+    LAYERS,
+    NOPE,
+    QL,
+    ROPE,
+    SHARED,
+    TOP_K,
+    VOCAB,
+    A,
+    H,
+    V,
+)
 from tests.solvers.split.test_split import (
     BACKENDS,
     noisy_instance,
@@ -29,12 +46,6 @@ from tests.solvers.split.test_split import (
     stage_bytes,
     with_split,
 )
-
-DS = load_model("deepseek-v3")
-# DeepSeek-V3 config.json, written out: h, heads, q_lora, kv_lora, nope, rope, v, vocab
-H, A, QL, KVL, NOPE, ROPE, V, VOCAB = 7168, 128, 1536, 512, 128, 64, 128, 129280
-DENSE_FFN, EXPERT_FFN, EXPERTS, TOP_K, SHARED = 18432, 2048, 256, 8, 1
-LAYERS, DENSE_LAYERS = 61, 3
 
 
 def _hand_forward_flops_per_token(seq: int, mtp: int) -> float:

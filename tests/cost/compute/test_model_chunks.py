@@ -23,13 +23,14 @@ from pipette_cp.cost.workload.flops import (
     layer_gemms,
     model_flops_per_iteration,
 )
-from pipette_cp.errors import InputFileError, SpecError
+from pipette_cp.errors import SpecError
 from pipette_cp.io.profile_file import load_layer_profile
 from pipette_cp.specs import LayerProfile
 from pipette_cp.specs.gpu import resolve_gpu
 from pipette_cp.specs.layouts import make_plan
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.training import TrainingSpec
+from tests.input_errors import refuses_missing_and_malformed
 
 A100 = resolve_gpu("a100-80gb")
 NVLINK = 240e9
@@ -252,12 +253,9 @@ def test_profile_errors(tmp_path):
     other = TRAIN.model_copy(update={"seq_length": 4096})
     with pytest.raises(SpecError, match="seq_length"):
         chunk_times(m, other, A100, plan(m, tp=2), NVLINK, profile=profile)
-    with pytest.raises(InputFileError, match="no such file"):
-        load_layer_profile(tmp_path / "missing.json")
-    bad = tmp_path / "bad.json"
-    bad.write_text("{not json")
-    with pytest.raises(InputFileError, match="not JSON"):
-        load_layer_profile(bad)
+    bad = refuses_missing_and_malformed(
+        load_layer_profile, tmp_path / "bad.json", "{not json", "not JSON"
+    )
     bad.write_text(json.dumps({"entries": [{"tp": 1, "micro_batch_size": 1, "forward_s": -1,
                                             "backward_s": 1}]}))  # fmt: skip
     with pytest.raises(SpecError, match="forward_s"):

@@ -22,15 +22,11 @@ from pipette_cp.cost.workload.parameters import (
     stage_param_split,
 )
 from pipette_cp.cost.workload.tokens import cp_chunk_bytes
-from pipette_cp.io.model_file import load_model
 from pipette_cp.specs.layouts import make_plan
 from pipette_cp.specs.training import FrameworkProfile, TrainingSpec
 from tests.conftest import small_instance
+from tests.cost.deepseek_v3 import DENSE_FFN, DS, EXPERT_FFN, EXPERTS, KVL, NOPE, QL, ROPE, A, H, V
 
-DS = load_model("deepseek-v3")
-# DeepSeek-V3 config.json: h, heads, q_lora, kv_lora, nope, rope, v, vocab, ffn widths
-H, A, QL, KVL, NOPE, ROPE, V, VOCAB = 7168, 128, 1536, 512, 128, 64, 128, 129280
-DENSE_FFN, EXPERT_FFN, EXPERTS = 18432, 2048, 256
 TP = 8
 #: the vocabulary padded to a multiple of 128 x tp (Megatron)
 PADDED = 130048

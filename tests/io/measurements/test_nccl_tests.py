@@ -26,6 +26,7 @@ from pipette_cp.io.measurements.nccl_tests import (
 )
 from pipette_cp.units import GB, GiB, MiB
 from tests.conftest import FIXTURES
+from tests.input_errors import refuses_missing_and_malformed
 
 FIX = FIXTURES / "nccl"
 PAIRWISE = FIX / "pairwise"
@@ -158,11 +159,8 @@ def test_two_tests_without_starting_lines_are_split():
 
 
 def test_missing_or_foreign_file(tmp_path: Path):
-    with pytest.raises(InputFileError, match="no such file"):
-        read_nccl_tests_log(tmp_path / "nccl_N2_G1_a_b.log")
-    (tmp_path / "nccl_N2_G1_a_b.log").write_text("hello\n")
-    with pytest.raises(InputFileError, match="no nccl-tests output"):
-        read_nccl_tests_log(tmp_path / "nccl_N2_G1_a_b.log")
+    log = tmp_path / "nccl_N2_G1_a_b.log"
+    refuses_missing_and_malformed(read_nccl_tests_log, log, "hello\n", "no nccl-tests output")
     with pytest.raises(InputFileError, match="no such directory"):
         read_nccl_tests_dir(tmp_path / "nope")
     empty = tmp_path / "empty"

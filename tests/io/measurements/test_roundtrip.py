@@ -162,6 +162,13 @@ def fake_launchers(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
 
 
+def run_script(script: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run a written measure.sh with bash under ``env`` (output captured, 5 minutes at most)."""
+    return subprocess.run(
+        ["bash", str(script)], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
 @pytest.mark.parametrize("launcher", ["slurm", "mpirun"])
 def test_running_the_script_gives_logs_that_import_back(tmp_path: Path, launcher: str) -> None:
     hosts = ["n1", "n2", "n3", "n4", "n5"]
@@ -175,13 +182,7 @@ def test_running_the_script_gives_logs_that_import_back(tmp_path: Path, launcher
     table = bandwidth_table(hosts, failed=("n2", "n5"))
     (tmp_path / "bw.json").write_text(json.dumps(table))
     env = {**fake_launchers(tmp_path), "FAKE_BW": str(tmp_path / "bw.json")}
-    done = subprocess.run(
-        ["bash", str(tmp_path / "m" / "measure.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_script(tmp_path / "m" / "measure.sh", env)
     assert done.returncode == 0, done.stderr
     logs = tmp_path / "m" / "logs"
     assert len(list(logs.glob("nccl_N2_G1_*.log"))) == 9
@@ -199,13 +200,7 @@ def test_running_the_script_gives_logs_that_import_back(tmp_path: Path, launcher
     assert cluster.gpus_per_node == 4
     # a second run skips every existing log (and so keeps them)
     (tmp_path / "bw.json").write_text(json.dumps({k: 1.0 for k in table}))
-    again = subprocess.run(
-        ["bash", str(tmp_path / "m" / "measure.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    again = run_script(tmp_path / "m" / "measure.sh", env)
     assert again.stdout.count("skip ") == 14  # the failed pair is retried
     check_cluster(convert_nccl_tests_dir(logs, single_node_dir=logs), hosts, table)
 
@@ -216,9 +211,7 @@ def test_mpigraph_script_output_reads_back(tmp_path: Path) -> None:
     (tmp_path / "bw.json").write_text(json.dumps(table))
     script = write_measure_plan(plan_measurement(hosts, tool="mpigraph"), tmp_path / "m")
     env = {**fake_launchers(tmp_path), "FAKE_BW": str(tmp_path / "bw.json")}
-    done = subprocess.run(
-        ["bash", str(script)], env=env, capture_output=True, text=True, timeout=300
-    )
+    done = run_script(script, env)
     assert done.returncode == 0, done.stderr
     result = read_mpigraph(tmp_path / "m" / "logs" / MPIGRAPH_LOG)
     assert result.node_names == tuple(hosts)
