@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from pipette_cp.clusters.expand import cluster_from_node_matrix
-from pipette_cp.specs import Instance, ModelSpec, SearchSpace, TrainingSpec, resolve_gpu
+from pipette_cp.specs import Instance, SearchSpace, TrainingSpec, resolve_gpu
+from tests.models import gpt_model
 
 #: the tests folder, its data files, and the repository root
 TESTS = Path(__file__).resolve().parent
@@ -40,15 +41,7 @@ def small_instance(
     global_batch_size: int = 16,
 ) -> Instance:
     """A GPT-like 8-layer model on ``nodes`` x ``gpus_per_node`` A100s."""
-    model = ModelSpec(
-        name="small-gpt",
-        num_layers=layers,
-        hidden_size=1024,
-        num_attention_heads=16,
-        ffn_hidden_size=4096,
-        vocab_size=32000,
-        max_seq_length=1024,
-    )
+    model = gpt_model("small-gpt", layers, 1024, 16, vocab=32000, seq=1024)
     matrix = node_bandwidth if node_bandwidth is not None else np.full((nodes, nodes), 20e9)
     cluster = cluster_from_node_matrix(
         node_bandwidth=matrix,

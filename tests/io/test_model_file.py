@@ -23,6 +23,7 @@ from pipette_cp.io.huggingface.config import (
 from pipette_cp.io.model_file import list_models, load_model, model_from_mapping, resolve_model
 from pipette_cp.specs import ModelSpec
 from tests.conftest import FIXTURES
+from tests.models import LLAMA_STYLE, gpt_model
 
 FIXTURES = FIXTURES / "hf"
 
@@ -421,20 +422,17 @@ def test_llama_config_round_trip(
         "max_position_embeddings": 4096,
         "tie_word_embeddings": tied,
     }
-    expected = ModelSpec(
-        name="m",
-        num_layers=layers,
-        hidden_size=heads * head_size,
-        num_attention_heads=heads,
+    expected = gpt_model(
+        "m",
+        layers,
+        heads * head_size,
+        heads,
+        ffn=ffn,
+        vocab=vocab,
+        seq=4096,
         num_kv_heads=kv,
-        ffn_hidden_size=ffn,
-        vocab_size=vocab,
-        activation="swiglu",
-        norm="rmsnorm",
-        position_embedding="rope",
-        linear_bias=False,
         tied_embeddings=tied,
-        max_seq_length=4096,
+        **LLAMA_STYLE,
         # transformers' LlamaConfig defaults for absent keys; Llama has no hidden dropout
         norm_epsilon=1e-6,
         attention_dropout_fraction=0.0,

@@ -26,8 +26,9 @@ from pipette_cp.errors import InfeasibleError
 from pipette_cp.io.cluster_file import cluster_from_mapping
 from pipette_cp.search.space import enumerate_layouts
 from pipette_cp.solvers.baselines import random_placement
-from pipette_cp.specs import Instance, ModelSpec, Plan, SearchSpace, TrainingSpec, validate_spec
+from pipette_cp.specs import Instance, Plan, SearchSpace, TrainingSpec, validate_spec
 from pipette_cp.specs.layouts import even_split
+from tests.models import gpt_model
 from tests.property.strategies import clusters, event, fuzz_settings, models, training_fields
 
 pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
@@ -67,15 +68,8 @@ def tiny_instance(
 ) -> Instance:
     """A tiny model (hidden size 16, one head, 128 tokens) on ``cluster`` (a cluster
     file mapping), as the regressions fuzzing found are written."""
-    model = ModelSpec(
-        name="fuzz",
-        num_layers=num_layers,
-        hidden_size=16,
-        num_attention_heads=1,
-        ffn_hidden_size=16,
-        vocab_size=100,
-        max_seq_length=128,
-        tied_embeddings=tied_embeddings,
+    model = gpt_model(
+        "fuzz", num_layers, 16, 1, ffn=16, vocab=100, seq=128, tied_embeddings=tied_embeddings
     )
     return Instance(
         name=name,

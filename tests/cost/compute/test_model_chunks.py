@@ -31,6 +31,7 @@ from pipette_cp.specs.layouts import make_plan
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.training import TrainingSpec
 from tests.input_errors import refuses_missing_and_malformed
+from tests.models import gpt_model, llama3_8b
 
 A100 = resolve_gpu("a100-80gb")
 NVLINK = 240e9
@@ -38,29 +39,11 @@ NVLINK = 240e9
 
 def gpt3(**over) -> ModelSpec:
     """GPT-3 175B (Brown et al. 2020): 96 layers, h 12288, 96 heads, V 51200."""
-    fields = dict(
-        name="gpt3-175b",
-        num_layers=96,
-        hidden_size=12288,
-        num_attention_heads=96,
-        ffn_hidden_size=4 * 12288,
-        vocab_size=51200,
-        max_seq_length=2048,
-    )
-    return ModelSpec(**(fields | over))
+    return gpt_model("gpt3-175b", 96, 12288, 96, **over)
 
 
 def small(**over) -> ModelSpec:
-    fields = dict(
-        name="small",
-        num_layers=8,
-        hidden_size=2048,
-        num_attention_heads=16,
-        ffn_hidden_size=8192,
-        vocab_size=51200,
-        max_seq_length=2048,
-    )
-    return ModelSpec(**(fields | over))
+    return gpt_model("small", 8, 2048, 16, **over)
 
 
 TRAIN = TrainingSpec(global_batch_size=1536, seq_length=2048, flash_attention_available=False)
@@ -109,10 +92,7 @@ def test_six_n_flops_per_token():
 def test_six_n_per_token_exact_for_gqa_swiglu_matmul_parameters():
     # Llama-style: every weight matrix is used once per token (2 FLOPs per weight
     # forward, 6 with backward), plus 12 L s h for the attention scores/context.
-    m = ModelSpec(name="l", num_layers=32, hidden_size=4096, num_attention_heads=32,
-                  num_kv_heads=8, ffn_hidden_size=14336, vocab_size=128256,
-                  activation="swiglu", norm="rmsnorm", position_embedding="rope",
-                  linear_bias=False, tied_embeddings=False, max_seq_length=8192)  # fmt: skip
+    m = llama3_8b("l")
     training = TrainingSpec(global_batch_size=8, seq_length=8192)
     matmul = m.num_layers * (m.attention_params + m.mlp_params) + m.vocab_size * m.hidden_size
     tokens = 8 * 8192

@@ -34,6 +34,7 @@ from pipette_cp.io.model_file import load_model
 from pipette_cp.specs.layouts import make_plan
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.training import TrainingSpec
+from tests.models import gpt_model, llama3_8b
 
 H, HEADS, F, FE, E, K, V = 64, 4, 256, 128, 4, 2, 1024
 S = 256
@@ -242,15 +243,8 @@ def test_cp_shards_the_distributed_optimizer_over_dp_times_cp() -> None:
 
 
 # ---------------------------------------- dense models: pinned from the model before MoE/CP
-LLAMA = ModelSpec(
-    name="llama", num_layers=32, hidden_size=4096, num_attention_heads=32, num_kv_heads=8,
-    ffn_hidden_size=14336, vocab_size=128256, activation="swiglu", norm="rmsnorm",
-    position_embedding="rope", linear_bias=False, tied_embeddings=False, max_seq_length=8192,
-)  # fmt: skip
-GPT = ModelSpec(
-    name="gpt", num_layers=16, hidden_size=2048, num_attention_heads=16,
-    ffn_hidden_size=8192, vocab_size=51200, max_seq_length=2048,
-)  # fmt: skip
+LLAMA = llama3_8b()
+GPT = gpt_model("gpt", 16, 2048, 16)
 LONG = TrainingSpec(global_batch_size=256, seq_length=4096)
 FP8 = TrainingSpec(global_batch_size=256, seq_length=2048, precision="fp8")
 

@@ -19,42 +19,14 @@ from pipette_cp.specs.gpu import resolve_gpu
 from pipette_cp.specs.layouts import make_plan
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.training import TrainingSpec
+from tests.models import gpt_model, llama3_8b
 
 S, B, H, A = 2048, 2, 2048, 16
 
 
 def gpt(**over) -> ModelSpec:
     """A GPT layer as in Korthikanti et al. 2022: ffn = 4h, MHA, GeLU, LayerNorm."""
-    fields = dict(
-        name="gpt",
-        num_layers=16,
-        hidden_size=H,
-        num_attention_heads=A,
-        ffn_hidden_size=4 * H,
-        vocab_size=51200,
-        max_seq_length=S,
-    )
-    return ModelSpec(**(fields | over))
-
-
-def llama(**over) -> ModelSpec:
-    """Llama-3-8B-like: GQA (8 kv heads), SwiGLU, RMSNorm, no biases, untied, RoPE."""
-    fields = dict(
-        name="llama",
-        num_layers=32,
-        hidden_size=4096,
-        num_attention_heads=32,
-        num_kv_heads=8,
-        ffn_hidden_size=14336,
-        vocab_size=128256,
-        activation="swiglu",
-        norm="rmsnorm",
-        position_embedding="rope",
-        linear_bias=False,
-        tied_embeddings=False,
-        max_seq_length=8192,
-    )
-    return ModelSpec(**(fields | over))
+    return gpt_model("gpt", 16, H, A, seq=S, **over)
 
 
 TRAIN = TrainingSpec(global_batch_size=512, seq_length=S, flash_attention_available=False)
@@ -104,7 +76,7 @@ def test_flash_attention_drops_the_attention_score_term():
 
 
 def test_gqa_and_swiglu_are_derived_not_hard_coded():
-    m = llama()
+    m = llama3_8b()
     s, b, h, f = S, 1, m.hidden_size, m.ffn_hidden_size
     kv = m.kv_heads * m.head_size
     p = plan(m, micro_batch_size=1, recompute="selective")
@@ -131,7 +103,7 @@ def megatron_weight_and_optimizer_bytes(m: ModelSpec, pp: int, tp: int, dp: int,
     return most_loaded * (6 + 12 / dp if dist else 18)
 
 
-@pytest.mark.parametrize("model", [gpt(linear_bias=False, position_embedding="rope"), llama()])
+@pytest.mark.parametrize("model", [gpt(linear_bias=False, position_embedding="rope"), llama3_8b()])
 @pytest.mark.parametrize("dist", [False, True])
 def test_weights_match_megatron_theoretical_memory_exactly_without_model_parallelism(model, dist):
     p = plan(model, dp=4, distributed_optimizer=dist)
@@ -140,7 +112,7 @@ def test_weights_match_megatron_theoretical_memory_exactly_without_model_paralle
     assert static == pytest.approx(megatron_weight_and_optimizer_bytes(model, 1, 1, 4, dist))
 
 
-@pytest.mark.parametrize("model", [gpt(linear_bias=False, position_embedding="rope"), llama()])
+@pytest.mark.parametrize("model", [gpt(linear_bias=False, position_embedding="rope"), llama3_8b()])
 def test_weights_match_megatron_theoretical_memory_with_tp_and_pp(model):
     p = plan(model, dp=8, pp=4, tp=8, distributed_optimizer=True)
     mem = stage_memory(model, TRAIN, p, 0)
@@ -228,7 +200,7 @@ knobs = st.fixed_dictionaries(
         "recompute": st.sampled_from(["none", "selective", "full"]),
         "distributed_optimizer": st.booleans(),
         "flash_attention": st.booleans(),
-        "model": st.sampled_from([gpt(), llama(num_layers=16)]),
+        "model": st.sampled_from([gpt(), llama3_8b(num_layers=16)]),
         "gbs_factor": st.sampled_from([1, 2, 16]),
     }
 )

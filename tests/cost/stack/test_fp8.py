@@ -21,16 +21,14 @@ from pipette_cp.experiments.models.fp8_accuracy import FP8_GPU_FAMILY, fit_fp8, 
 from pipette_cp.experiments.models.published_runs_setup import fp8_family_setup
 from pipette_cp.report.megatron.check import check_megatron_argv
 from pipette_cp.report.megatron.flags import before_blackwell, megatron_argv, megatron_environment
-from pipette_cp.specs import Instance, ModelSpec, TrainingSpec, resolve_gpu, validate_spec
+from pipette_cp.specs import Instance, TrainingSpec, resolve_gpu, validate_spec
 from pipette_cp.specs.layouts import make_plan
 from pipette_cp.units import BYTES_PER_ELEMENT
 from tests.conftest import small_instance
+from tests.models import LLAMA_STYLE, gpt_model
 
-MODEL = ModelSpec(
-    name="llama-like", num_layers=8, hidden_size=8192, num_attention_heads=64, num_kv_heads=8,
-    ffn_hidden_size=28672, vocab_size=32000, activation="swiglu", norm="rmsnorm",
-    position_embedding="rope", linear_bias=False, tied_embeddings=False, max_seq_length=4096,
-)  # fmt: skip
+MODEL = gpt_model("llama-like", 8, 8192, 64, ffn=28672, vocab=32000, seq=4096, num_kv_heads=8,
+                  tied_embeddings=False, **LLAMA_STYLE)  # fmt: skip
 H100 = resolve_gpu("h100")
 
 

@@ -10,14 +10,11 @@ from pipette_cp.cost.compute.model_chunks import layer_times
 from pipette_cp.cost.memory.peak import activation_bytes_per_layer
 from pipette_cp.cost.stack.kernels import attention_kernel, fused_attention_efficiency, stack_kernel
 from pipette_cp.errors import SpecError
-from pipette_cp.specs import ModelSpec, TrainingSpec, resolve_gpu
+from pipette_cp.specs import TrainingSpec, resolve_gpu
 from pipette_cp.specs.layouts import make_plan
+from tests.models import LLAMA_STYLE, gpt_model
 
-LLAMA = ModelSpec(
-    name="llama-like", num_layers=8, hidden_size=4096, num_attention_heads=32,
-    ffn_hidden_size=11008, vocab_size=32000, max_seq_length=4096, activation="swiglu",
-    norm="rmsnorm", position_embedding="rope", linear_bias=False,
-)  # fmt: skip
+LLAMA = gpt_model("llama-like", 8, 4096, 32, ffn=11008, vocab=32000, seq=4096, **LLAMA_STYLE)
 A100, H100 = resolve_gpu("a100"), resolve_gpu("h100")
 NVLINK = 150e9
 

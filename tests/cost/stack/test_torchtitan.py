@@ -28,16 +28,12 @@ from pipette_cp.experiments.models.torchtitan_rows import (
     fit_compute_efficiency,
     fit_cp_attention_efficiency,
 )
-from pipette_cp.specs import ModelSpec, TrainingSpec
+from pipette_cp.specs import TrainingSpec
 from pipette_cp.specs.layouts import make_plan
 from pipette_cp.specs.training import FrameworkProfile
+from tests.models import llama3_8b
 
-LLAMA = ModelSpec(
-    name="llama-8b-like", num_layers=4, hidden_size=4096, num_attention_heads=32,
-    num_kv_heads=8, ffn_hidden_size=14336, vocab_size=128256, activation="swiglu",
-    norm="rmsnorm", position_embedding="rope", linear_bias=False, tied_embeddings=False,
-    max_seq_length=8192,
-)  # fmt: skip
+LLAMA = llama3_8b("llama-8b-like", num_layers=4)
 
 
 def _training(framework: str, **extra: object) -> TrainingSpec:
