@@ -41,7 +41,7 @@ def small_instance(
     global_batch_size: int = 16,
 ) -> Instance:
     """A GPT-like 8-layer model on ``nodes`` x ``gpus_per_node`` A100s."""
-    model = gpt_model("small-gpt", layers, 1024, 16, vocab=32000, seq=1024)
+    model = gpt_model("small-gpt", layers, 1024, 16, vocab_size=32000, max_seq_length=1024)
     matrix = node_bandwidth if node_bandwidth is not None else np.full((nodes, nodes), 20e9)
     cluster = cluster_from_node_matrix(
         node_bandwidth=matrix,

@@ -68,9 +68,8 @@ def tiny_instance(
 ) -> Instance:
     """A tiny model (hidden size 16, one head, 128 tokens) on ``cluster`` (a cluster
     file mapping), as the regressions fuzzing found are written."""
-    model = gpt_model(
-        "fuzz", num_layers, 16, 1, ffn=16, vocab=100, seq=128, tied_embeddings=tied_embeddings
-    )
+    model = gpt_model("fuzz", num_layers, 16, 1, ffn_hidden_size=16, vocab_size=100,
+                      max_seq_length=128, tied_embeddings=tied_embeddings)  # fmt: skip
     return Instance(
         name=name,
         model=model,

@@ -26,7 +26,7 @@ S, B, H, A = 2048, 2, 2048, 16
 
 def gpt(**over) -> ModelSpec:
     """A GPT layer as in Korthikanti et al. 2022: ffn = 4h, MHA, GeLU, LayerNorm."""
-    return gpt_model("gpt", 16, H, A, seq=S, **over)
+    return gpt_model("gpt", 16, H, A, max_seq_length=S, **over)
 
 
 TRAIN = TrainingSpec(global_batch_size=512, seq_length=S, flash_attention_available=False)

@@ -27,8 +27,9 @@ from pipette_cp.units import BYTES_PER_ELEMENT
 from tests.conftest import small_instance
 from tests.models import LLAMA_STYLE, gpt_model
 
-MODEL = gpt_model("llama-like", 8, 8192, 64, ffn=28672, vocab=32000, seq=4096, num_kv_heads=8,
-                  tied_embeddings=False, **LLAMA_STYLE)  # fmt: skip
+MODEL = gpt_model("llama-like", 8, 8192, 64, num_kv_heads=8, ffn_hidden_size=28672,
+                  vocab_size=32000, max_seq_length=4096, tied_embeddings=False,
+                  **LLAMA_STYLE)  # fmt: skip
 H100 = resolve_gpu("h100")
 
 

@@ -14,7 +14,8 @@ from pipette_cp.specs import TrainingSpec, resolve_gpu
 from pipette_cp.specs.layouts import make_plan
 from tests.models import LLAMA_STYLE, gpt_model
 
-LLAMA = gpt_model("llama-like", 8, 4096, 32, ffn=11008, vocab=32000, seq=4096, **LLAMA_STYLE)
+LLAMA = gpt_model("llama-like", 8, 4096, 32, ffn_hidden_size=11008, vocab_size=32000,
+                  max_seq_length=4096, **LLAMA_STYLE)  # fmt: skip
 A100, H100 = resolve_gpu("a100"), resolve_gpu("h100")
 NVLINK = 150e9
 
