@@ -215,18 +215,10 @@ def test_megatron_rules_for_context_and_experts():
             continue
         with pytest.raises(LayoutError, match=match):
             ev.evaluate(plan)
+    six = tuple((g,) for g in range(6))
+    cp3 = make_plan(num_layers=4, dp=2, pp=1, tp=1, cp=3, micro_batch_size=1, placement=six)
     with pytest.raises(LayoutError, match="2 x cp = 6"):
-        Evaluator(_instance(_moe_model(), seq=1000)).evaluate(
-            make_plan(
-                num_layers=4,
-                dp=2,
-                pp=1,
-                tp=1,
-                cp=3,
-                micro_batch_size=1,
-                placement=tuple((g,) for g in range(6)),
-            )
-        )
+        Evaluator(_instance(_moe_model(), seq=1000)).evaluate(cp3)
     dense = _instance(_moe_model(num_experts=1, moe_top_k=1, moe_ffn_hidden_size=None))
     with pytest.raises(LayoutError, match="needs a mixture-of-experts model"):
         Evaluator(dense).evaluate(make_plan(num_layers=4, dp=8, pp=1, tp=1, ep=2,

@@ -19,10 +19,10 @@ from pipette_cp.cost.network import tp_rings as rings
 from pipette_cp.cost.network.tp_rings import best_ring, ring_bandwidths
 from pipette_cp.errors import InfeasibleError
 from pipette_cp.io.model_file import load_model
-from pipette_cp.solvers.placement.build import build_placement_data
 from pipette_cp.specs import Instance, SearchSpace, TrainingSpec, resolve_gpu
 from pipette_cp.specs.layouts import make_plan
 from pipette_cp.units import GB
+from tests.placement_checks import assert_master_prices_as_evaluator
 
 CUBE = dgx1_intra_node(45 * GB, 22.5 * GB, 10 * GB)
 
@@ -207,12 +207,4 @@ def test_the_placement_builder_charges_the_best_ring() -> None:
     evaluator = Evaluator(instance, dp_algorithm="ring", validate=False)
     for dp, pp, tp in ((1, 2, 8), (2, 2, 4), (1, 2, 4)):
         plan = cube_plan(dp=dp, pp=pp, tp=tp)
-        data = build_placement_data(instance, plan)
-        rng = np.random.default_rng(0)
-        slots = np.repeat(np.arange(data.num_places), data.capacity)
-        for _ in range(5):
-            assign = rng.permutation(slots)[: data.num_units]
-            truth = evaluator.iteration_time(
-                plan.model_copy(update={"placement": data.placement(assign)})
-            )
-            assert data.total_time_s(data.x_of(assign)) == pytest.approx(truth, rel=1e-12)
+        assert_master_prices_as_evaluator(instance, plan, evaluator, seed=0, draws=5)
