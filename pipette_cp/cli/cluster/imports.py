@@ -46,6 +46,7 @@ def write_and_report(cluster: ClusterSpec, out: Path) -> None:
     console.print(f"wrote {out} ({cluster.describe()}{extra})", highlight=False, soft_wrap=True)
 
 
+_OUT = typer.Option("--out", "-o", help="Cluster file to write.")
 _GPU = typer.Option("--gpu", help="GPU type (catalogue name); the file does not say.")
 _GPN = typer.Option("--gpus-per-node", help="GPUs per node.")
 _NICS = typer.Option("--nics-per-node", help="Inter-node NICs per node [default: one per GPU].")
@@ -92,7 +93,7 @@ def import_nccl_tests(
     directory: Annotated[
         Path, typer.Argument(help="Directory of nccl_N2_G<g>_<nodeA>_<nodeB>.log files.")
     ],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Cluster file to write.")],
+    out: Annotated[Path, _OUT],
     gpus_per_test: Annotated[
         int, typer.Option(help="Which G of the pairwise runs to read (1 = one stream).")
     ] = 1,
@@ -142,7 +143,7 @@ def import_nccl_tests(
 @import_app.command("mpigraph")
 def import_mpigraph(
     path: Annotated[Path, typer.Argument(help="mpiGraph standard output.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Cluster file to write.")],
+    out: Annotated[Path, _OUT],
     gpu: Annotated[str, _GPU],
     gpus_per_node: Annotated[int, _GPN] = 8,
     nics_per_node: Annotated[int | None, _NICS] = None,
@@ -189,7 +190,7 @@ def _matrix_import(
     annotation: annotations are strings, looked up among this module's names."""
 
     def command(
-        out: Annotated[Path, typer.Option("--out", "-o", help="Cluster file to write.")],
+        out: Annotated[Path, _OUT],
         gpu: Annotated[str, _GPU],
         path: Path = path_argument,
         gpus_per_node: Annotated[int, _GPN] = 8,
