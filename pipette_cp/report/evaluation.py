@@ -44,7 +44,7 @@ def evaluation_json(
         "memory_limit_gb": evaluation.memory_limit_bytes / GB,
         "memory_margin_gb": evaluation.memory_margin_bytes / GB,
         "fits": evaluation.fits,
-        "breakdown": dict(evaluation.breakdown_s),
+        "breakdown": dict(evaluation.breakdown_s.items()),
         "predictor": evaluation.model,
     }
     if memory:

@@ -5,7 +5,7 @@ from pipette_cp.specs.cluster import ClusterSpec
 from pipette_cp.specs.gpu import GPU_CATALOG, GpuSpec, resolve_gpu
 from pipette_cp.specs.instance import BestKnown, Instance
 from pipette_cp.specs.model import ModelSpec
-from pipette_cp.specs.plan import Evaluation, Plan, SolveInfo
+from pipette_cp.specs.plan import Evaluation, Plan, SolveInfo, TimeBreakdown
 from pipette_cp.specs.profile import LayerProfile, LayerProfileEntry
 from pipette_cp.specs.training import Recompute, SearchSpace, TrainingSpec
 
@@ -24,6 +24,7 @@ __all__ = [
     "Recompute",
     "SearchSpace",
     "SolveInfo",
+    "TimeBreakdown",
     "TrainingSpec",
     "resolve_gpu",
     "validate_spec",

@@ -9,6 +9,70 @@ from pydantic import Field, ValidatorFunctionWrapHandler, WrapValidator, model_v
 from pipette_cp.specs._base import FrozenSpec
 from pipette_cp.specs.training import FUSED_ATTENTION, AttentionKernel, Recompute, Sharding
 
+_PART = "Part of the sum (the causes add up to iteration_time_s). "
+
+
+class TimeBreakdown(FrozenSpec):
+    """An iteration's time by cause, s (``Evaluation.breakdown_s``).
+
+    Every cause is a part of the sum: together they make ``iteration_time_s`` (to
+    rounding); none is informational only.  The pipeline phase is ``compute + tp_comm +
+    cp_comm + ep_comm + pp_comm + bubble`` plus, under ZeRO-2/3, the per-layer collectives
+    the compute does not hide (counted in ``dp_comm``); the tail after it is the rest of
+    ``dp_comm`` and ``optimizer``.
+    ``bubble`` and ``dp_comm`` are differences of schedule times, so rounding may leave
+    them a few 1e-15 s below zero; the others are never negative.  In JSON: an object of
+    these keys (a cause missing from an older file reads as 0).
+    """
+
+    compute: float = Field(
+        default=0.0, ge=0, description=_PART + "The busiest pipeline stage's forward and "
+        "backward computation over the iteration, its TP, CP, EP and exposed ZeRO-2/3 "
+        "collectives taken out, s.",
+    )  # fmt: skip
+    bubble: float = Field(
+        default=0.0, description=_PART + "The rest of the pipeline phase: the busiest stage "
+        "idle (warm-up, cool-down, imbalance), s; rounding may leave it a few 1e-15 s below "
+        "zero.",
+    )  # fmt: skip
+    pp_comm: float = Field(
+        default=0.0, ge=0, description=_PART + "What the pipeline's point-to-point hops add: "
+        "the pipeline phase less the same schedule with free hops, s.",
+    )  # fmt: skip
+    dp_comm: float = Field(
+        default=0.0, description=_PART + "Exposed data-parallel communication: the gradient "
+        "syncs (dense and expert rings) and the tied-embedding all-reduce after the pipeline, "
+        "the parameter all-gather after the step, and under ZeRO-2/3 the per-layer "
+        "collectives the compute does not hide, s; rounding may leave it a few 1e-15 s "
+        "below zero.",
+    )  # fmt: skip
+    tp_comm: float = Field(
+        default=0.0, ge=0, description=_PART + "The busiest stage's tensor-parallel "
+        "collectives over the iteration (not overlapped), s.",
+    )  # fmt: skip
+    cp_comm: float = Field(
+        default=0.0, ge=0, description=_PART + "The busiest stage's context-parallel K/V ring "
+        "transfers over the iteration that its attention does not hide, s.",
+    )  # fmt: skip
+    ep_comm: float = Field(
+        default=0.0, ge=0, description=_PART + "The busiest stage's expert-parallel "
+        "all-to-alls (dispatch and combine, not overlapped) over the iteration, s.",
+    )  # fmt: skip
+    optimizer: float = Field(
+        default=0.0, ge=0, description=_PART + "The optimizer step of the slowest stage, s."
+    )
+
+    def items(self) -> tuple[tuple[str, float], ...]:
+        """(cause, seconds) of every cause, in the order of the fields (the JSON's).
+
+        >>> parts = TimeBreakdown(compute=1.2, bubble=0.3)
+        >>> parts.bubble, [name for name, _ in parts.items()][:3]
+        (0.3, ['compute', 'bubble', 'pp_comm'])
+        >>> round(sum(seconds for _, seconds in parts.items()), 12)
+        1.5
+        """
+        return tuple((name, getattr(self, name)) for name in type(self).model_fields)
+
 
 class Evaluation(FrozenSpec):
     """What the cost model predicts for a plan (filled by ``pipette_cp.cost``).
@@ -44,10 +108,10 @@ class Evaluation(FrozenSpec):
         "(negative: that much too little).",
     )
     fits: bool = Field(description="Whether every stage's memory bound is within its limit.")
-    breakdown_s: dict[str, float] = Field(
-        default_factory=dict,
+    breakdown_s: TimeBreakdown = Field(
+        default_factory=TimeBreakdown,
         description="Iteration time by cause (compute, bubble, pp_comm, dp_comm, tp_comm, "
-        "optimizer, ...), s.",
+        "cp_comm, ep_comm, optimizer: they sum to iteration_time_s), s.",
     )
     model: str = Field(
         default="analytic", description="Which predictor made this (analytic, simulator)."

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
+from contextlib import closing
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -17,11 +20,13 @@ from pipette_cp.specs import (
     Plan,
     SearchSpace,
     SolveInfo,
+    TimeBreakdown,
     TrainingSpec,
     resolve_gpu,
     validate_spec,
 )
 from pipette_cp.specs.layouts import even_split, make_plan, megatron_placement
+from tests.conftest import ROOT
 
 LLAMA_ISH = {
     "name": "m",
@@ -168,6 +173,29 @@ def test_plan_round_trips_through_json() -> None:
         }
     )
     assert Plan.model_validate_json(plan.model_dump_json()) == plan
+
+
+def test_time_breakdown_reads_and_writes_the_mapping_of_older_files() -> None:
+    """The JSON of the breakdown is the object of its causes: a file written before
+    ``cp_comm``/``ep_comm`` existed loads (they read 0), a rounding residue below zero on
+    ``bubble`` too; the plans stored in the bundled benchmark results load."""
+    old = {"compute": 1.2, "bubble": -5.3e-15, "pp_comm": 0.0, "dp_comm": 0.1,
+           "tp_comm": 0.05, "optimizer": 0.02}  # fmt: skip
+    parts = TimeBreakdown.model_validate(old)
+    assert parts.bubble == -5.3e-15 and parts.cp_comm == parts.ep_comm == 0.0
+    assert parts.model_dump() == {**old, "cp_comm": 0.0, "ep_comm": 0.0}
+    assert list(parts.model_dump()) == [name for name, _ in parts.items()]
+    assert sum(seconds for _, seconds in parts.items()) == pytest.approx(1.37)
+    with pytest.raises(ValueError, match="greater than or equal to 0"):
+        TimeBreakdown(compute=-1.0)
+    with pytest.raises(ValueError, match="Extra inputs are not permitted"):
+        TimeBreakdown.model_validate({"compute": 1.0, "idle": 0.5})
+    stored = ROOT / "instances" / "bench" / "suite-default.sqlite"
+    with closing(sqlite3.connect(f"file:{stored}?immutable=1", uri=True)) as db:  # no -wal
+        rows = db.execute("SELECT plan_json FROM results WHERE plan_json IS NOT NULL")
+        plans = [Plan.model_validate_json(text) for (text,) in rows]
+    evaluated = [p.evaluation for p in plans if p.evaluation is not None]
+    assert evaluated and all(e.breakdown_s.compute > 0 for e in evaluated)
 
 
 @pytest.mark.parametrize(

@@ -12,16 +12,16 @@ checks live in :mod:`pipette_cp.cost.evaluator.layout_rules` (re-exported here).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
-from typing import Any, Literal, NamedTuple
+from typing import Literal
 
 import numpy as np
 
 from pipette_cp.cost.compute.model_chunks import chunk_times, optimizer_step_time_s
-from pipette_cp.cost.evaluator.dp_part import DpCosts
-from pipette_cp.cost.evaluator.group_part import GroupCosts, expert_rings_apart
+from pipette_cp.cost.evaluator.caches import KnobMemo, fabric_of
+from pipette_cp.cost.evaluator.dp_collectives import DpCollectives
+from pipette_cp.cost.evaluator.expert_groups import ExpertGroupCosts, expert_rings_apart
 from pipette_cp.cost.evaluator.layout_rules import (
     FlowTemplate,
     check_knobs,
@@ -34,6 +34,7 @@ from pipette_cp.cost.evaluator.layout_rules import (
 from pipette_cp.cost.evaluator.layout_rules import (
     knobs_key as _knobs,
 )
+from pipette_cp.cost.evaluator.stage_times import StageTimes
 from pipette_cp.cost.memory.peak import (
     memory_by_stage,
     padded_vocab_size,
@@ -51,61 +52,21 @@ from pipette_cp.cost.schedule.simulator import Timeline, simulate_pipeline
 from pipette_cp.cost.schedule.simulator import simulate as simulate_inputs
 from pipette_cp.cost.workload.flops import hardware_flops_per_iteration, model_flops_per_iteration
 from pipette_cp.cost.workload.tokens import unit_tokens
-from pipette_cp.specs.cluster import ClusterSpec
 from pipette_cp.specs.instance import Instance
-from pipette_cp.specs.plan import Evaluation, Plan
+from pipette_cp.specs.plan import Evaluation, Plan, TimeBreakdown
 from pipette_cp.specs.profile import LayerProfile
 from pipette_cp.specs.training import GRADIENT_SHARDING
 from pipette_cp.units import BYTES_PER_ELEMENT, TFLOPS
 
 __all__ = [
-    "BREAKDOWN_KEYS", "Evaluator", "Predictor", "evaluate", "num_micro_batches",
-    "placement_array", "simulate", "validate_layout",
+    "Evaluator", "Predictor", "evaluate", "num_micro_batches", "placement_array", "simulate",
+    "validate_layout",
 ]  # fmt: skip
 
 Predictor = Literal["analytic", "simulator"]
 
-#: Keys of ``Evaluation.breakdown_s``; they sum to the iteration time.
-BREAKDOWN_KEYS = (
-    "compute", "bubble", "pp_comm", "dp_comm", "tp_comm", "cp_comm", "ep_comm", "optimizer",
-)  # fmt: skip
 
-
-# ------------------------------------------------------------------ evaluation
-class _Stages(NamedTuple):
-    """Forward, backward and TP communication time per virtual stage (one micro-batch),
-    and the busiest stage's compute and TP time over the iteration."""
-
-    forward_s: np.ndarray
-    backward_s: np.ndarray
-    tp_comm_s: np.ndarray
-    busy_s: float
-    busy_tp_s: float
-    busy_dp_s: float = 0.0
-    busy_cp_s: float = 0.0
-    busy_ep_s: float = 0.0
-    #: ZeRO-2/3: one layer's gradient reduce-scatter and weight all-gather, s
-    layer_collectives_s: tuple[float, float] = (0.0, 0.0)
-
-
-#: The fabrics of the last few clusters evaluated (a search builds many evaluators of one
-#: cluster; the arrays are read-only), keyed by identity, holding the cluster itself so
-#: that its id cannot be reused while cached.
-_FABRICS: dict[int, tuple[ClusterSpec, comm.Fabric]] = {}
-
-
-def _fabric_of(cluster: ClusterSpec) -> comm.Fabric:
-    found = _FABRICS.get(id(cluster))
-    if found is not None and found[0] is cluster:
-        return found[1]
-    fabric = comm.Fabric.from_cluster(cluster)
-    if len(_FABRICS) >= 4:
-        _FABRICS.pop(next(iter(_FABRICS)))
-    _FABRICS[id(cluster)] = (cluster, fabric)
-    return fabric
-
-
-class Evaluator(GroupCosts, DpCosts):
+class Evaluator:
     """Evaluate many plans of one instance fast.
 
     ``profile``: measured per-layer times (:mod:`pipette_cp.specs.profile`; default: the instance's).
@@ -115,6 +76,12 @@ class Evaluator(GroupCosts, DpCosts):
     best ring's bottleneck (:mod:`pipette_cp.cost.network.tp_rings`).  ``validate``: whether
     :meth:`evaluate` and :meth:`iteration_time` call :func:`validate_layout` first
     (the placement-free part once per layout).
+
+    It holds two parts that share its memo of placement-free costs: :attr:`dp_sync`
+    (:class:`~pipette_cp.cost.evaluator.dp_collectives.DpCollectives`, the data-parallel
+    rings) and :attr:`expert_groups`
+    (:class:`~pipette_cp.cost.evaluator.expert_groups.ExpertGroupCosts`, the MoE all-to-alls,
+    parameter split and expert rings).
     """
 
     def __init__(
@@ -125,7 +92,7 @@ class Evaluator(GroupCosts, DpCosts):
         self.instance, self.validate = instance, validate
         self.profile = profile if profile is not None else instance.profile
         self.dp_algorithm: comm.Algorithm = dp_algorithm
-        self.fabric = _fabric_of(cluster)
+        self.fabric = fabric_of(cluster)
         node_gpu = [cluster.gpu_of_node(i) for i in range(cluster.num_nodes)]
         self._gpu_of_gpu = [node_gpu[i // cluster.gpus_per_node] for i in range(cluster.num_gpus)]
         self._peak = np.array([gpu.peak_flops_per_s for gpu in self._gpu_of_gpu])
@@ -133,31 +100,26 @@ class Evaluator(GroupCosts, DpCosts):
         self._usable = np.array([usable_memory_bytes(g, training) for g in self._gpu_of_gpu])
         self._model_flops = model_flops_per_iteration(instance.model, instance.training)
         self._mixed = len(cluster.gpu_types) > 1
-        self._cache: dict[tuple, Any] = {}
-
-    def _cached(self, key: tuple, make: Callable[[], Any]) -> Any:
-        if (value := self._cache.get(key)) is None:
-            if len(self._cache) > 4096:
-                self._cache.clear()
-            value = self._cache[key] = make()
-        return value
+        self._memo = memo = KnobMemo()
+        self.dp_sync = DpCollectives(instance, self.fabric, dp_algorithm, memo)
+        self.expert_groups = ExpertGroupCosts(instance, self.fabric, dp_algorithm, memo)
 
     def _check(self, plan: Plan, key: tuple, gpus: np.ndarray) -> None:
         """:func:`validate_layout`, the placement-free checks once per layout."""
-        if ("valid", key) not in self._cache:
+        if ("valid", key) not in self._memo:
             check_knobs(self.instance, plan)
-            self._cached(("valid", key), lambda: True)
+            self._memo.get(("valid", key), lambda: True)
         check_placement(self.instance, plan, gpus)
 
     def _stage_times(
         self, plan: Plan, key: tuple, stage_gpu: list, stage_bw: np.ndarray, cp_bw: np.ndarray
-    ) -> _Stages:
+    ) -> StageTimes:
         """Per virtual stage: each stage's rows from the chunk times of its slowest GPU
         type at its slowest TP group's bandwidth (cached by both)."""
         inst, vpp = self.instance, plan.vpp
         model, training, types = inst.model, inst.training, inst.cluster.gpu_types
 
-        def make() -> _Stages:
+        def make() -> StageTimes:
             rows = np.arange(plan.pp * vpp) % plan.pp
             stage_keys = [
                 (g.name, float(bw), float(c))
@@ -167,7 +129,7 @@ class Evaluator(GroupCosts, DpCosts):
             for name, bw, c in set(stage_keys):
                 args = (model, training, types[name], plan, bw, self.profile)
                 make_chunks = partial(chunk_times, *args, cp_bandwidth_bytes_per_s=c)
-                t = self._cached(("chunks", key, name, bw, c), make_chunks)
+                t = self._memo.get(("chunks", key, name, bw, c), make_chunks)
                 times = np.stack([
                     t.forward_s, t.backward_s, t.tp_comm_forward_s + t.tp_comm_backward_s,
                     t.cp_comm_forward_s + t.cp_comm_backward_s,
@@ -179,19 +141,19 @@ class Evaluator(GroupCosts, DpCosts):
             busy = m * (out[0] + out[1]).reshape(vpp, -1).sum(axis=0)
             tp_stage, cp_stage = (m * out[i].reshape(vpp, -1).sum(axis=0) for i in (2, 3))
             top = int(np.argmax(busy))
-            return _Stages(out[0], out[1], out[2], float(busy[top]), float(tp_stage[top]),
+            return StageTimes(out[0], out[1], out[2], float(busy[top]), float(tp_stage[top]),
                            busy_cp_s=float(cp_stage[top]))  # fmt: skip
 
         names = tuple(g.name for g in stage_gpu) if self._mixed else None
         at = (stage_bw.tobytes(), cp_bw.tobytes())
-        return self._cached(("stage times", key, names, at), make)
+        return self._memo.get(("stage times", key, names, at), make)
 
     def _per_stage(self, plan: Plan, key: tuple, stage_gpu: list) -> tuple[np.ndarray, np.ndarray]:
         """Parameters per GPU and optimizer-step time of every stage (cached)."""
         model, training = self.instance.model, self.instance.training
 
         def make() -> tuple[np.ndarray, np.ndarray]:
-            params = self._split(plan, key).sum(axis=1)  # dense + routed experts
+            params = self.expert_groups.param_split(plan, key).sum(axis=1)  # dense + routed experts
             step = [
                 optimizer_step_time_s(model, training, g, plan, s) for s, g in enumerate(stage_gpu)
             ]
@@ -201,7 +163,7 @@ class Evaluator(GroupCosts, DpCosts):
             return out
 
         names = tuple(g.name for g in stage_gpu) if self._mixed else None
-        return self._cached(("stage", key, names), make)
+        return self._memo.get(("stage", key, names), make)
 
     def pipeline_inputs(
         self, plan: Plan, gpus: np.ndarray | None = None
@@ -213,14 +175,14 @@ class Evaluator(GroupCosts, DpCosts):
         x, stages = self._inputs(plan, placement_array(plan) if gpus is None else gpus)
         return x, stages.layer_collectives_s
 
-    def _inputs(self, plan: Plan, gpus: np.ndarray) -> tuple[PipelineInputs, _Stages]:
+    def _inputs(self, plan: Plan, gpus: np.ndarray) -> tuple[PipelineInputs, StageTimes]:
         inst, fabric = self.instance, self.fabric
         model, training = inst.model, inst.training
         dp, pp, tp, vpp = plan.replicas, plan.pp, plan.tp, plan.vpp  # dp: DP ring length
         key = _knobs(plan)
         tied = model.tied_embeddings and pp > 1
         args = (pp, plan.replicas, tp, vpp, tied, fabric.num_nodes)
-        f: FlowTemplate = self._cached(("flows", *args[:5]), partial(flow_template, *args))
+        f: FlowTemplate = self._memo.get(("flows", *args[:5]), partial(flow_template, *args))
         flat = gpus.ravel()
         if tp > 1:  # each unit's TP ring in NCCL's order (rings); slowest unit per stage
             stage_bw = group_bandwidths(fabric, gpus.reshape(-1, tp)).reshape(pp, -1).min(axis=1)
@@ -234,11 +196,11 @@ class Evaluator(GroupCosts, DpCosts):
         groups: GroupFlows | None = None
         cp_bw = np.zeros(pp)
         if plan.cp > 1 or plan.ep > 1 or (model.is_moe and expert_rings_apart(plan)):
-            groups = self._cached(("groups", key), partial(group_flows, plan))
+            groups = self._memo.get(("groups", key), partial(group_flows, plan))
             cp_bw = cp_ring_bandwidths(fabric, flat, groups)[0]
         stages = self._stage_times(plan, key, stage_gpu, stage_bw, cp_bw)
         if plan.ep > 1 and groups is not None:
-            stages = self._with_alltoall(plan, key, stages, flat, groups)
+            stages = self.expert_groups.with_alltoall(plan, key, stages, flat, groups)
         params, optimizer = self._per_stage(plan, key, stage_gpu)
         # every transfer of the iteration in one gather
         (r0, e0, end), last = f.bounds, f.last
@@ -261,14 +223,15 @@ class Evaluator(GroupCosts, DpCosts):
         if dp > 1:
             shape = (dp, pp * tp)
             ring_bw, ring_lat = bw[r0:e0].reshape(shape).T, lat[r0:e0].reshape(shape).T
-            dense = self._dense_synced(plan, key, params)
-            ops = self._cached(("dp ops", key), lambda: step_collectives(training, plan, dense))
-            dp_sync, gather = self._dp_times(plan, flat[f.ring_pos], ring_bw, ring_lat, ops)
+            dense = self.expert_groups.dense_synced(plan, key, params)
+            ops = self._memo.get(("dp ops", key), lambda: step_collectives(training, plan, dense))
+            rings = (flat[f.ring_pos], ring_bw, ring_lat)
+            dp_sync, gather = self.dp_sync.times(plan, *rings, ops)
             if plan.sharding in GRADIENT_SHARDING:
-                rings = (flat[f.ring_pos], ring_bw, ring_lat)
-                stages = self._sharded_exposure(plan, stages, stage_gpu, stage_bw, rings, cp_bw)
+                exposure = self.dp_sync.sharded_exposure
+                stages = exposure(plan, stages, stage_gpu, stage_bw, rings, cp_bw)
         if groups is not None and expert_rings_apart(plan):
-            extra = self._expert_sync(plan, key, flat, groups)
+            extra = self.expert_groups.expert_sync(plan, key, flat, groups)
             dp_sync, gather = dp_sync + extra[0], gather + extra[1]
         embedding = 0.0
         if tied:  # all-reduce of the word-embedding gradient between its two copies
@@ -288,7 +251,7 @@ class Evaluator(GroupCosts, DpCosts):
         )  # fmt: skip
         return inputs, stages
 
-    def _prepare(self, plan: Plan) -> tuple[np.ndarray, PipelineInputs, _Stages]:
+    def _prepare(self, plan: Plan) -> tuple[np.ndarray, PipelineInputs, StageTimes]:
         """Placement array (validated if :attr:`validate`) and pipeline inputs."""
         gpus = placement_array(plan)
         if self.validate:
@@ -306,13 +269,13 @@ class Evaluator(GroupCosts, DpCosts):
     def evaluate(self, plan: Plan, predictor: Predictor = "analytic") -> Evaluation:
         """Iteration time, throughput, MFU/HFU, memory and time breakdown of ``plan``.
 
-        ``breakdown_s`` (keys :data:`BREAKDOWN_KEYS`) sums to the iteration time:
-        ``compute`` and ``tp_comm`` split the busiest stage's forward/backward
-        work, ``pp_comm`` is what the pipeline hops add (the time minus the time
-        with free hops), ``bubble`` the rest of the pipeline phase, ``dp_comm``
-        the exposed gradient, embedding and parameter syncs, ``optimizer`` the step.
-        MFU counts model FLOPs, HFU recomputation too, both against the summed
-        peak of the GPUs used.
+        ``breakdown_s`` (:class:`~pipette_cp.specs.plan.TimeBreakdown`) sums to the
+        iteration time: ``compute``, ``tp_comm``, ``cp_comm`` and ``ep_comm`` split the
+        busiest stage's forward/backward work, ``pp_comm`` is what the pipeline hops
+        add (the time minus the time with free hops), ``bubble`` the rest of the
+        pipeline phase, ``dp_comm`` the exposed gradient, embedding and parameter
+        syncs, ``optimizer`` the step.  MFU counts model FLOPs, HFU recomputation too,
+        both against the summed peak of the GPUs used.
         """
         gpus, x, st = self._prepare(plan)
         if predictor == "simulator":
@@ -326,20 +289,17 @@ class Evaluator(GroupCosts, DpCosts):
             ends, last_b = times.stage_end_s, times.last_backward_s
         tail = finish_iteration(x, ends, last_b)
         pp_comm = max(pipe - pipe_free, 0.0)
-        breakdown = {
-            "compute": st.busy_s - st.busy_tp_s - st.busy_dp_s - st.busy_cp_s - st.busy_ep_s,
-            "bubble": float(pipe - st.busy_s - pp_comm),
-            "pp_comm": pp_comm,
-            "dp_comm": tail.optimizer_start_s - pipe + tail.param_gather_s + st.busy_dp_s,
-            "tp_comm": st.busy_tp_s,
-            "cp_comm": st.busy_cp_s,
-            "ep_comm": st.busy_ep_s,
-            "optimizer": tail.optimizer_s,
-        }
+        breakdown = TimeBreakdown.model_construct(
+            compute=st.busy_s - st.busy_tp_s - st.busy_dp_s - st.busy_cp_s - st.busy_ep_s,
+            bubble=float(pipe - st.busy_s - pp_comm), pp_comm=pp_comm,
+            dp_comm=tail.optimizer_start_s - pipe + tail.param_gather_s + st.busy_dp_s,
+            tp_comm=st.busy_tp_s, cp_comm=st.busy_cp_s, ep_comm=st.busy_ep_s,
+            optimizer=tail.optimizer_s,
+        )  # fmt: skip
         inst, total, n, key = self.instance, tail.total_s, plan.num_gpus, _knobs(plan)
-        stages, bounds, by_bound = self._cached(("memory", key), lambda: self._memory(plan))
+        stages, bounds, by_bound = self._memo.get(("memory", key), lambda: self._memory(plan))
         limit, peak = self._limits(gpus.reshape(plan.pp, -1))
-        hw = self._cached(
+        hw = self._memo.get(
             ("hfu", key), lambda: hardware_flops_per_iteration(inst.model, inst.training, plan)
         )
         # trusted numbers: built without re-validation (the hot path of a search)
@@ -373,7 +333,7 @@ class Evaluator(GroupCosts, DpCosts):
             limit.flags.writeable = False
             return limit, float(self._peak[by_stage].sum())
 
-        return make() if self._mixed else self._cached(("limits", by_stage.shape), make)
+        return make() if self._mixed else self._memo.get(("limits", by_stage.shape), make)
 
     def simulate(self, plan: Plan) -> Timeline:
         """The simulator's timeline of ``plan`` (stage GPUs of DP replica 0)."""

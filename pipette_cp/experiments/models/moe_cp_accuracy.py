@@ -95,6 +95,7 @@ from pipette_cp.experiments.models.moe_cp_setup import (
     selected_rows,
     with_training,
 )
+from pipette_cp.specs.plan import TimeBreakdown
 from pipette_cp.specs.training import FrameworkProfile
 from pipette_cp.units import TFLOPS, GiB
 
@@ -102,8 +103,15 @@ from pipette_cp.units import TFLOPS, GiB
 IMBALANCE_GRID = tuple(round(1.0 + 0.025 * i, 3) for i in range(81))
 #: Grid of compute efficiencies of NeMo's FP8 MoE rows (NeMo's own: 0.926).
 EFFICIENCY_GRID = tuple(round(0.60 + 0.005 * i, 3) for i in range(81))
-#: The breakdown shares shown per row.
+#: The breakdown shares shown per row (the causes of :func:`breakdown_shares`, in order).
 SHARES = ("compute", "bubble", "tp_comm", "cp_comm", "ep_comm", "dp_comm", "pp_comm")
+
+
+def breakdown_shares(parts: TimeBreakdown, total_s: float) -> tuple[float, ...]:
+    """The :data:`SHARES` of ``total_s``, in their order."""
+    seconds = (parts.compute, parts.bubble, parts.tp_comm, parts.cp_comm, parts.ep_comm,
+               parts.dp_comm, parts.pp_comm)  # fmt: skip
+    return tuple(s / total_s for s in seconds)
 
 
 def mape(predicted: Sequence[float], measured: Sequence[float]) -> float:
@@ -135,7 +143,7 @@ def evaluate_row(
     return RowResult(
         index, st.family, gpu, side, is_moe_row(row), row_cp(row), st.fp8, st.name,
         st.plan.layout(), st.measured_from, st.measured_step_s, total, ev.fits,
-        tuple(ev.breakdown_s[k] / total for k in SHARES), halved / total - 1.0,
+        breakdown_shares(ev.breakdown_s, total), halved / total - 1.0,
         st.measured_mem_gib, peak,
     )  # fmt: skip
 

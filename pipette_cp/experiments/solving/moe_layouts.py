@@ -161,7 +161,7 @@ def spanning_part(time_limit_s: float = 30.0) -> None:
         default, t_default, failed = node_permuted_orders(inst, plan)
         low, cross = slowest_expert_link(inst, plan)
         line = (f"  {plan.layout():32s} cpsat {ours.iteration_time_s:.3f} s (fits={ours.fits}, "
-                f"ep_comm {ours.breakdown_s['ep_comm']:.3f} s, slowest expert flow {low:.1f} "
+                f"ep_comm {ours.breakdown_s.ep_comm:.3f} s, slowest expert flow {low:.1f} "
                 f"GB/s, {cross} cross-node flows)")  # fmt: skip
         if default is None:
             print(line + "; Megatron: all 65 orders cross a failed pair")
@@ -169,7 +169,7 @@ def spanning_part(time_limit_s: float = 30.0) -> None:
         theirs = ev.evaluate(default)
         low_m, cross_m = slowest_expert_link(inst, default)
         print(line + f"; Megatron best of {65 - failed} runnable {t_default:.3f} s (ep_comm "
-              f"{theirs.breakdown_s['ep_comm']:.3f} s, slowest {low_m:.1f} GB/s, {cross_m} "
+              f"{theirs.breakdown_s.ep_comm:.3f} s, slowest {low_m:.1f} GB/s, {cross_m} "
               f"cross-node): {t_default / ours.iteration_time_s:.3f}x")  # fmt: skip
 
 

@@ -27,7 +27,7 @@ from typing import Literal
 
 import numpy as np
 
-from pipette_cp.cost.evaluator.evaluate import BREAKDOWN_KEYS, Evaluator
+from pipette_cp.cost.evaluator.evaluate import Evaluator
 from pipette_cp.errors import SpecError
 from pipette_cp.report.sensitivity.links import node_masks, pair_mask, plan_links, scaled_instance
 from pipette_cp.specs import ClusterSpec, Evaluation, Instance, Plan
@@ -61,7 +61,7 @@ class Impact:
     time_s: float
     increase_s: float
     increase_pct: float
-    cause: str  # the BREAKDOWN_KEYS entry that grows most; "" when nothing grows
+    cause: str  # the TimeBreakdown cause that grows most; "" when nothing grows
 
     @property
     def is_zero(self) -> bool:
@@ -146,8 +146,9 @@ class _Scorer:
             return Impact(base.iteration_time_s, 0.0, 0.0, "")
         ev = Evaluator(scaled_instance(self.instance, mask, self.factor)).evaluate(self.plan)
         increase = ev.iteration_time_s - base.iteration_time_s
-        grown = {k: ev.breakdown_s[k] - base.breakdown_s[k] for k in BREAKDOWN_KEYS}
-        cause = max(BREAKDOWN_KEYS, key=lambda k: grown[k])
+        before = dict(base.breakdown_s.items())
+        grown = {k: seconds - before[k] for k, seconds in ev.breakdown_s.items()}
+        cause = max(grown, key=grown.__getitem__)  # the first of equals, in field order
         pct = 100.0 * increase / base.iteration_time_s
         impact = Impact(ev.iteration_time_s, increase, pct, cause)
         return impact if grown[cause] > 0 and not impact.is_zero else replace(impact, cause="")

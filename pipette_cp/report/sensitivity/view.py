@@ -176,7 +176,7 @@ def sensitivity_json(report: SensitivityReport) -> dict[str, Any]:
         "layout": report.layout,
         "factor": report.factor,
         "iteration_time_s": report.base.iteration_time_s,
-        "breakdown": dict(report.base.breakdown_s),
+        "breakdown": dict(report.base.breakdown_s.items()),
         "granularity": report.granularity,
         "links": [_link_json(report, link) for link in report.links],
         "nodes": [_node_json(node) for node in report.nodes],

@@ -18,7 +18,7 @@ import numpy as np
 
 from pipette_cp.cost.compute.model_chunks import chunk_times, layer_times, optimizer_step_time_s
 from pipette_cp.cost.evaluator.evaluate import Evaluator
-from pipette_cp.cost.evaluator.group_part import expert_rings_apart
+from pipette_cp.cost.evaluator.expert_groups import expert_rings_apart
 from pipette_cp.cost.memory.peak import (
     layer_params_per_gpu,
     memory_by_stage,

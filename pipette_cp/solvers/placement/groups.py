@@ -32,7 +32,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipette_cp.cost.compute.model_chunks import cp_step_thresholds_s
-from pipette_cp.cost.evaluator.group_part import alltoalls_per_layer, expert_rings_apart, peer_bytes
+from pipette_cp.cost.evaluator.expert_groups import (
+    alltoalls_per_layer,
+    expert_rings_apart,
+    peer_bytes,
+)
 from pipette_cp.cost.network import collectives as comm
 from pipette_cp.cost.network.data_parallel import gradient_wire_bytes
 from pipette_cp.cost.network.groups import (

@@ -250,7 +250,7 @@ def test_the_evaluator_prices_expert_groups_as_the_pairwise_reference(
     """Iteration time and ep_comm of random placements, with the evaluator's all-to-all
     swapped for the pairwise reference: the same to rounding, flex's per-group byte
     scaling included."""
-    import pipette_cp.cost.evaluator.group_part as groups_module
+    import pipette_cp.cost.evaluator.expert_groups as groups_module
 
     cluster = _kind(kind)
     model = ModelSpec(
@@ -285,7 +285,7 @@ def test_the_evaluator_prices_expert_groups_as_the_pairwise_reference(
                 monkeypatch.setattr(groups_module, "stage_alltoall_times_s", fn)
                 ev = Evaluator(inst)
                 e = ev.evaluate(placed)
-                results.append((ev.iteration_time(placed), e.breakdown_s["ep_comm"]))
+                results.append((ev.iteration_time(placed), e.breakdown_s.ep_comm))
             (t_new, ep_new), (t_ref, ep_ref) = results
             assert t_new == pytest.approx(t_ref, rel=1e-12)
             assert ep_new == pytest.approx(ep_ref, rel=1e-12) and ep_ref > 0

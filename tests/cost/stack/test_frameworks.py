@@ -97,5 +97,5 @@ def test_gradient_bytes_set_memory_and_the_wire():
         training = base.training.model_copy(update={"framework": FrameworkProfile(name=name)})
         inst = base.model_copy(update={"training": training})
         rings.append(build_placement_data(inst, plan).ring_bytes)
-        syncs.append(Evaluator(inst).evaluate(plan).breakdown_s["dp_comm"])
+        syncs.append(Evaluator(inst).evaluate(plan).breakdown_s.dp_comm)
     assert (rings[1] * 2 == rings[0]).all() and syncs[1] < syncs[0]

@@ -1,4 +1,5 @@
-"""The :class:`~pipette_cp.cost.evaluator.evaluate.Evaluator`'s costs of the expert groups.
+"""The evaluator's costs of the expert groups (:class:`ExpertGroupCosts`, a part the
+:class:`~pipette_cp.cost.evaluator.evaluate.Evaluator` holds).
 
 Per MoE layer and micro-batch the forward pass runs two all-to-alls (dispatch and
 combine), the backward pass two more (their gradients), full recomputation two more
@@ -14,12 +15,11 @@ experts (:func:`~pipette_cp.cost.network.groups.node_dedup_factor`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import numpy as np
 
+from pipette_cp.cost.evaluator.caches import KnobMemo
 from pipette_cp.cost.evaluator.layout_rules import num_micro_batches
+from pipette_cp.cost.evaluator.stage_times import StageTimes
 from pipette_cp.cost.network import collectives as comm
 from pipette_cp.cost.network.alltoall_nodes import group_nodes_of
 from pipette_cp.cost.network.data_parallel import gradient_wire_bytes
@@ -57,17 +57,22 @@ def peer_bytes(instance: Instance, plan: Plan) -> float:
     return dispatch_bytes(model, training, plan)
 
 
-class GroupCosts:
-    """Mixin of the evaluator: the placement-dependent costs of expert groups."""
+class ExpertGroupCosts:
+    """The expert groups' costs of the plans of one instance on ``fabric``: the parameter
+    split between dense and routed-expert weights, the all-to-alls of every stage and the
+    expert data-parallel rings' collectives (``algorithm``: see
+    :class:`~pipette_cp.cost.evaluator.evaluate.Evaluator`), with the evaluator's ``memo``
+    of placement-free costs (``key``: the plan's
+    :func:`~pipette_cp.cost.evaluator.layout_rules.knobs_key`)."""
 
-    instance: Instance
-    fabric: comm.Fabric
-    dp_algorithm: comm.Algorithm
-    _cached: Callable[[tuple, Callable[[], Any]], Any]
+    def __init__(
+        self, instance: Instance, fabric: comm.Fabric, algorithm: comm.Algorithm, memo: KnobMemo
+    ) -> None:
+        self.instance, self.fabric, self.algorithm, self.memo = instance, fabric, algorithm, memo
 
-    def _with_alltoall(
-        self, plan: Plan, key: tuple, stages: Any, flat: np.ndarray, groups: GroupFlows
-    ) -> Any:
+    def with_alltoall(
+        self, plan: Plan, key: tuple, stages: StageTimes, flat: np.ndarray, groups: GroupFlows
+    ) -> StageTimes:
         """``stages`` with every virtual stage's all-to-alls added (``busy_ep_s``: the
         busiest stage's share)."""
         inst = self.instance
@@ -77,10 +82,10 @@ class GroupCosts:
             nodes = group_nodes_of(self.fabric, members)
             spread = nodes.distinct.reshape(plan.pp, -1)
             scale = node_dedup_factor(inst.model.num_experts, inst.model.moe_top_k, spread)
-        nbytes = self._cached(("peer bytes", key), lambda: peer_bytes(inst, plan))
+        nbytes = self.memo.get(("peer bytes", key), lambda: peer_bytes(inst, plan))
         a2a = stage_alltoall_times_s(self.fabric, members, plan.pp, nbytes, scale, nodes)
-        moe = self._cached(("moe layers", key), lambda: moe_layers_by_chunk(inst.model, plan))
-        rows = self._cached(("chunk stages", key), lambda: _chunk_stages(plan))
+        moe = self.memo.get(("moe layers", key), lambda: moe_layers_by_chunk(inst.model, plan))
+        rows = self.memo.get(("chunk stages", key), lambda: _chunk_stages(plan))
         per_layer = a2a[rows] * moe
         n_fwd, n_bwd = alltoalls_per_layer(plan)
         forward = stages.forward_s + n_fwd * per_layer
@@ -96,7 +101,7 @@ class GroupCosts:
             busy_ep_s=float(ep[top]),
         )  # fmt: skip
 
-    def _split(self, plan: Plan, key: tuple) -> np.ndarray:
+    def param_split(self, plan: Plan, key: tuple) -> np.ndarray:
         """(pp, 2): dense and routed-expert parameters per GPU of every stage (cached)."""
         model = self.instance.model
 
@@ -105,16 +110,16 @@ class GroupCosts:
             out.flags.writeable = False
             return out
 
-        return self._cached(("split", key), make)
+        return self.memo.get(("split", key), make)
 
-    def _dense_synced(self, plan: Plan, key: tuple, params: np.ndarray) -> np.ndarray:
+    def dense_synced(self, plan: Plan, key: tuple, params: np.ndarray) -> np.ndarray:
         """Parameters per GPU of every stage that the dense DP rings reduce: all of them,
         or the dense ones where the experts have rings of their own."""
         if not (self.instance.model.is_moe and expert_rings_apart(plan)):
             return params
-        return self._split(plan, key)[:, 0].copy()
+        return self.param_split(plan, key)[:, 0].copy()
 
-    def _expert_sync(
+    def expert_sync(
         self, plan: Plan, key: tuple, flat: np.ndarray, groups: GroupFlows
     ) -> tuple[np.ndarray, np.ndarray]:
         """Each stage's expert gradient sync and (distributed optimizer) parameter gather
@@ -125,13 +130,13 @@ class GroupCosts:
             return zeros, zeros
         rings = expert_dp_rings(flat, groups)
         per = rings.shape[0] // pp
-        grad_bytes, param_bytes = self._cached(
+        grad_bytes, param_bytes = self.memo.get(
             ("expert ring bytes", key), lambda: self._expert_ring_bytes(plan, key, per)
         )
         what = "an expert data-parallel gradient sync"
 
         def run(op: comm.Collective, nbytes: np.ndarray) -> np.ndarray:
-            t = comm.collective_times_s(self.fabric, rings, nbytes, op, self.dp_algorithm, what)
+            t = comm.collective_times_s(self.fabric, rings, nbytes, op, self.algorithm, what)
             return t.reshape(pp, per).max(axis=1)
 
         if not plan.distributed_optimizer:
@@ -143,7 +148,7 @@ class GroupCosts:
         """Gradient and parameter bytes of every expert data-parallel ring (``per`` rings
         a stage), read-only."""
         training = self.instance.training
-        experts = np.repeat(self._split(plan, key)[:, 1], per)
+        experts = np.repeat(self.param_split(plan, key)[:, 1], per)
         grad, elem = gradient_wire_bytes(training), float(BYTES_PER_ELEMENT[training.precision])
         out = experts * grad, experts * elem
         for array in out:

@@ -1,41 +1,52 @@
-"""The :class:`~pipette_cp.cost.evaluator.evaluate.Evaluator`'s data-parallel collectives: each
-stage's gradient sync and parameter gather over its DP rings, and under ZeRO-2/3 the
-per-layer collectives the compute does not hide."""
+"""The evaluator's data-parallel collectives: each stage's gradient sync and parameter
+gather over its DP rings, and under ZeRO-2/3 the per-layer collectives the compute does
+not hide (:class:`DpCollectives`, a part the
+:class:`~pipette_cp.cost.evaluator.evaluate.Evaluator` holds)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 import numpy as np
 
 from pipette_cp.cost.compute.model_chunks import layer_times
+from pipette_cp.cost.evaluator.caches import KnobMemo
 from pipette_cp.cost.evaluator.layout_rules import knobs_key, num_micro_batches
+from pipette_cp.cost.evaluator.stage_times import StageTimes
 from pipette_cp.cost.network import collectives as comm
 from pipette_cp.cost.network.data_parallel import (
+    Ops,
     exposed_per_layer,
     hybrid_times_s,
     per_layer_collectives,
 )
 from pipette_cp.errors import InfeasibleError
+from pipette_cp.specs.gpu import GpuSpec
 from pipette_cp.specs.instance import Instance
 from pipette_cp.specs.plan import Plan
 
+#: A stage's DP rings: GPU ids in ring order, and each hop's bandwidth and latency,
+#: (pp * tp, dp) each
+Rings = tuple[np.ndarray, np.ndarray, np.ndarray]
 
-class DpCosts:
-    """Mixin of the evaluator: the data-parallel rings' collectives."""
 
-    instance: Instance
-    fabric: comm.Fabric
-    dp_algorithm: comm.Algorithm
-    _cached: Callable[[tuple, Callable[[], Any]], Any]
+class DpCollectives:
+    """The data-parallel rings' collectives of the plans of one instance on ``fabric``
+    (``algorithm``: see :class:`~pipette_cp.cost.evaluator.evaluate.Evaluator`), with the
+    evaluator's ``memo`` of placement-free costs."""
 
-    def _dp_times(self, plan: Plan, rings, bw, lat, ops) -> tuple[np.ndarray, np.ndarray]:
+    def __init__(
+        self, instance: Instance, fabric: comm.Fabric, algorithm: comm.Algorithm, memo: KnobMemo
+    ) -> None:
+        self.instance, self.fabric, self.algorithm, self.memo = instance, fabric, algorithm, memo
+
+    def times(
+        self, plan: Plan, rings: np.ndarray, bw: np.ndarray, lat: np.ndarray, ops: Ops
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Each stage's DP gradient sync and distributed-optimizer parameter gather
-        (:func:`~pipette_cp.cost.network.data_parallel.step_collectives`); all stages' rings run
-        at once."""
-        pp, tp, algorithm = plan.pp, plan.tp, self.dp_algorithm
+        (:func:`~pipette_cp.cost.network.data_parallel.step_collectives`), s; all stages'
+        rings (:data:`Rings`) run at once."""
+        pp, tp, algorithm = plan.pp, plan.tp, self.algorithm
         flat_ok = bool(bw.all())
         two_level = algorithm != "ring" and comm.local_group_size(self.fabric, rings) > 1
         what = "a data-parallel gradient sync"
@@ -60,19 +71,19 @@ class DpCosts:
             out[phase] += t.reshape(pp, tp).max(axis=1)
         return out[0], out[1]
 
-    def _sharded_exposure(
-        self, plan: Plan, stages: Any, stage_gpu: list, stage_bw: np.ndarray, rings: tuple,
-        cp_bw: np.ndarray,
-    ) -> Any:  # fmt: skip
+    def sharded_exposure(
+        self, plan: Plan, stages: StageTimes, stage_gpu: list[GpuSpec], stage_bw: np.ndarray,
+        rings: Rings, cp_bw: np.ndarray,
+    ) -> StageTimes:  # fmt: skip
         """ZeRO-2/3: the per-micro-batch collectives the compute does not hide, added to
         each chunk's forward/backward (:mod:`pipette_cp.cost.network.data_parallel`; pp = 1)."""
         model, training = self.instance.model, self.instance.training
         ops = per_layer_collectives(model, training, plan)
-        rs, ag = self._dp_times(plan, rings[0], rings[1], rings[2], ops)
+        rs, ag = self.times(plan, rings[0], rings[1], rings[2], ops)
         args = (model, training, stage_gpu[0], plan, float(stage_bw[0]))
         key = ("layer", knobs_key(plan), stage_gpu[0].name, args[-1], float(cp_bw[0]))
         make = partial(layer_times, *args, cp_bandwidth_bytes_per_s=float(cp_bw[0]))
-        times = self._cached(key, make)
+        times = self.memo.get(key, make)
         fwd, bwd = exposed_per_layer(plan, times, float(rs[0]), float(ag[0]))
         n = np.asarray(plan.layer_split, dtype=float)
         exposed = num_micro_batches(self.instance, plan) * (fwd + bwd) * float(n.sum())
