@@ -7,7 +7,10 @@ thousands of placements pays only for one gather of every transfer of the
 iteration.  :meth:`Evaluator.iteration_time` is the fast path of a search
 (no breakdown, memory or :class:`~pipette_cp.specs.plan.Evaluation`).
 :func:`evaluate` and :func:`simulate` are one-shot conveniences; the layout
-checks live in :mod:`pipette_cp.cost.evaluator.layout_rules` (re-exported here).
+checks live in :mod:`pipette_cp.cost.evaluator.layout_rules` (re-exported here), the
+data-parallel and expert-group costs in the parts the evaluator holds
+(:mod:`~pipette_cp.cost.evaluator.dp_collectives`,
+:mod:`~pipette_cp.cost.evaluator.expert_groups`).
 """
 
 from __future__ import annotations
