@@ -61,7 +61,9 @@ class PlacementMaster(Protocol):
     (:class:`~pipette_cp.solvers.placement.data.PlacementData`), the literals
     ``place[unit][place]`` and the backend ``b`` (``new_bool``, ``add_linear``)."""
 
-    data: Any
+    @property
+    def data(self) -> Any: ...
+
     place: list[dict[int, Any]]
     b: Any
 

@@ -1,7 +1,9 @@
 """Exact GPU placement: units (the tp ranks of one stage of one replica) onto GPU blocks.
 
 ``data`` / ``build`` hold the placement-dependent costs read off the evaluator;
-``model`` writes the master once over a ``backend`` (``cpsat``, ``milp``);
+``families`` holds the master's families, one module each, all implementing the
+protocol of ``family`` (inputs, tables, rows, value, bounds, check); ``model`` writes
+the master from their list once over a ``backend`` (``cpsat``, ``milp``);
 ``kelley`` runs the cutting-plane loop and its bounds; ``lns`` re-solves small
 neighbourhoods on large clusters; ``local_search`` polishes seeds without a
 solver; ``solve`` composes them (:func:`solve_placement`); ``oracle`` enumerates

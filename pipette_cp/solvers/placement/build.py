@@ -32,8 +32,8 @@ from pipette_cp.cost.network.tp_rings import best_partition, partition_is_comple
 from pipette_cp.cost.workload.parameters import stage_param_split
 from pipette_cp.cost.workload.tokens import unit_tokens
 from pipette_cp.errors import InfeasibleError, LayoutError
-from pipette_cp.solvers.placement.data import PlacementData
-from pipette_cp.solvers.placement.groups import build_group_tables
+from pipette_cp.solvers.placement.data import Family, PlacementData
+from pipette_cp.solvers.placement.families import placement_families
 from pipette_cp.specs import Instance, Plan
 from pipette_cp.specs.training import GRADIENT_SHARDING
 from pipette_cp.units import BYTES_PER_ELEMENT
@@ -119,8 +119,13 @@ def build_placement_data(
     evaluator: Evaluator | None = None,
     constraints: tuple = (),
     aligned: bool = False,
+    families: tuple[Family, ...] | None = None,
 ) -> PlacementData:
     """Slots, places, pair costs and compute classes of ``plan``'s degrees and split.
+
+    ``families``: the master's families (default: the built-in ones, the user's
+    ``constraints`` and the symmetry breaking,
+    :func:`~pipette_cp.solvers.placement.families.placement_families`).
 
     Raises
     ------
@@ -180,17 +185,15 @@ def build_placement_data(
     with np.errstate(divide="ignore"):
         inv_bw = np.where(eff > 0, 1.0 / eff, np.inf)
     latency = np.where(node_cross, c.inter_node_latency_s, c.intra_node_latency_s)
-    groups = None
-    if plan.cp > 1 or (instance.model.is_moe and expert_rings_apart(plan)):
-        groups = build_group_tables(instance, plan, node_level)
     tables = _stage_tables(instance, plan, place_node, tp_bw[rep], capacity)
-    tables["exact"] = tables["exact"] and (groups is None or groups.exact)
+    if families is None:
+        families = placement_families(constraints)
     return PlacementData(
         instance=instance, plan=plan, evaluator=ev, slot_gpus=slots, place_slots=place_slots,
         place_node=place_node, capacity=capacity, node_level=node_level, latency=latency,
         cross=cross, inv_bw=inv_bw, nic_capacity=fabric.nic_capacity_bytes_per_s,
         constraints=tuple(constraints), place_domain=place_domain, slots_complete=complete,
-        groups=groups, **tables,
+        families=families, **tables,
     )  # fmt: skip
 
 

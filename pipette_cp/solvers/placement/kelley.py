@@ -22,7 +22,7 @@ from pipette_cp.solvers import work_meter as work
 from pipette_cp.solvers.cuts import supporting_cut
 from pipette_cp.solvers.placement.backend import CUT_GRID, Backend
 from pipette_cp.solvers.placement.data import PlacementData
-from pipette_cp.solvers.placement.group_families import group_worst_x
+from pipette_cp.solvers.placement.family import FlowClass
 from pipette_cp.solvers.placement.model import PlacementModel
 
 #: Relative gap under which a placement counts as optimal (the master works in
@@ -81,23 +81,10 @@ class CutPool:
         return intercept, g
 
 
-def class_costs(data: PlacementData) -> list[tuple[int, np.ndarray, int, int, tuple]]:
-    """``(position in x, pair cost matrix, stage of u, stage of v, key)`` of every class
-    (classes of one key have one cost matrix)."""
-    d, xi, pp = data, data.xi, data.plan.pp
-    out: list[tuple[int, np.ndarray, int, int, tuple]] = []
-    for s in range(d.hops):
-        out += [
-            (int(xi.hf[s]), d.hop_cost(), s, (s + 1) % pp, ("hf",)),
-            (int(xi.hb[s]), d.hop_back_cost(), s, (s + 1) % pp, ("hb",)),
-        ]
-    if d.plan.replicas > 1:
-        for s in range(pp):
-            key = ("ring", float(d.ring_bytes[s]))
-            out.append((int(xi.ring[s]), d.ring_cost(s), s, s, key))
-    if xi.emb is not None:
-        out.append((xi.emb, d.emb_cost(), 0, pp - 1, ("emb",)))
-    return out
+def class_costs(data: PlacementData) -> list[FlowClass]:
+    """``(position in x, pair cost matrix, stage of u, stage of v, key)`` of every flow
+    class of every family (classes of one key have one cost matrix)."""
+    return [c for family in data.families for c in family.classes(data)]
 
 
 def ring_bound(cost: np.ndarray, capacity: np.ndarray, size: int) -> float:
@@ -156,8 +143,10 @@ def lower_x(data: PlacementData, upper: np.ndarray | None = None) -> np.ndarray:
     pair from its place, and ``dp`` units fill at least the ``dp`` cheapest places
     (counted with their capacity): the class maximum is at least the ``dp``-th
     smallest of those row minima (and of the column minima).  Pairs costlier than
-    ``upper`` (a class's largest value in any improving placement) are left out."""
-    d, dp = data, data.plan.replicas
+    ``upper`` (a class's largest value in any improving placement) are left out.  Each
+    family then raises its other inputs (its ``lower``: a DP ring leaves a node unless
+    a node holds two units)."""
+    d = data
     x = np.zeros(d.xi.size)
     masks = [row.tobytes() for row in d.allowed]
     for i, cost, a, b, key in class_costs(d):
@@ -167,8 +156,8 @@ def lower_x(data: PlacementData, upper: np.ndarray | None = None) -> np.ndarray:
         if memo_key not in d.memo:
             d.memo[memo_key] = _class_lower(d, cost, a, b, top)
         x[i] = d.memo[memo_key]
-    if dp > 1:
-        x[d.xi.cross] = 0.0 if d.multi else 1.0
+    for family in d.families:
+        family.lower(d, x)
     return x
 
 
@@ -191,59 +180,26 @@ def _class_lower(d: PlacementData, cost: np.ndarray, a: int, b: int, top: float 
 
 
 def two_level_floor_x(data: PlacementData) -> np.ndarray:
-    """:func:`lower_x` with each stage's DP ring input lowered to what NCCL's two-level
-    all-reduce could take at best, so ``f`` of it bounds every placement under the
-    Evaluator's ``best`` algorithm (ring or two-level, whichever is faster per stage).
-
-    Two-level over ``D = L d`` replicas, ``L`` per node on ``d`` nodes (Evaluator:
-    :func:`~pipette_cp.cost.network.collectives.hierarchical_times_s`): ``c (L-1)/L S / b_intra +
-    c (L-1) l_intra + c (d-1)/d (S/L) / b_inter + c (d-1) l_inter``, with ``c`` the
-    collective's ring factor; the floor takes the fastest intra- and inter-node link
-    of the cluster and the best ``L`` a node can hold."""
+    """:func:`lower_x` with each family's inputs lowered to what any algorithm the
+    Evaluator's ``best`` may choose could take (each stage's DP ring input to NCCL's
+    two-level all-reduce at best,
+    :meth:`~pipette_cp.solvers.placement.families.dp_rings.DataParallelRings.floor`),
+    so ``f`` of it bounds every placement under that Evaluator."""
     x = lower_x(data)
-    d, plan, cluster = data, data.plan, data.instance.cluster
-    dp = plan.replicas
-    if dp < 2 or not d.multi:
-        return x
-    g = cluster.gpus_per_node
-    b_intra, b_inter = cluster.fastest_links_bytes_per_s()
-    lat_in, lat_out = cluster.intra_node_latency_s, cluster.inter_node_latency_s
-    c = d.sync_factor / (dp - 1)  # the ring factor of the stage's collective
-    per_node = min(dp, g // plan.tp)
-    for s, i in enumerate(d.xi.ring):
-        if not d.ring_bytes[s]:
-            continue
-        size = d.ring_bytes[s] / (c * (dp - 1) / dp)
-        best = np.inf
-        for local in (k for k in range(1, per_node + 1) if dp % k == 0):
-            nodes = dp // local
-            t = c * (nodes - 1) / nodes * (size / local) / b_inter + c * (nodes - 1) * lat_out
-            if local > 1:
-                t += c * (local - 1) / local * size / b_intra + c * (local - 1) * lat_in
-            best = min(best, t)
-        # the schedule adds sync_factor x the latency of x's ring (intra-node at lower_x)
-        x[i] = min(x[i], max(0.0, best - d.sync_factor * lat_in))
+    for family in data.families:
+        family.floor(data, x)
     return x
 
 
 def worst_x(data: PlacementData) -> np.ndarray:
-    """Inputs no placement exceeds: each class at its dearest usable pair or at a whole
-    node's flows sharing its NICs; every indicator at 1.  ``f`` of it bounds every
-    placement from above."""
+    """Inputs no placement exceeds: each class at its dearest usable pair, raised by its
+    family (a whole node's flows sharing its NICs, the groups' slowest flows); every
+    indicator at 1.  ``f`` of it bounds every placement from above."""
     x = np.ones(data.xi.size)
-    g = data.instance.cluster.gpus_per_node
-    share = g / data.nic_capacity
-    lat = data.instance.cluster.inter_node_latency_s
     for i, cost, *_ in class_costs(data):
         x[i] = float(cost[np.isfinite(cost)].max(initial=0.0))
-    for i in (*data.xi.hf, *data.xi.hb):
-        x[i] = max(x[i], lat + data.act_bytes * share)
-    for s, i in enumerate(data.xi.ring):
-        x[i] = max(x[i], data.ring_bytes[s] * share)
-    if data.xi.emb is not None:
-        x[data.xi.emb] = max(x[data.xi.emb], 2 * lat + data.emb_bytes * share)
-    for i, value in group_worst_x(data).items():
-        x[i] = value
+    for family in data.families:
+        family.worst(data, x)
     return x
 
 

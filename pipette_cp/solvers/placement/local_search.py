@@ -14,16 +14,19 @@ from __future__ import annotations
 import numpy as np
 
 from pipette_cp.solvers import work_meter as work
-from pipette_cp.solvers.placement.data import RING_FAMILIES, PlacementData
+from pipette_cp.solvers.placement.data import Family, PlacementData
 
 
-def _edge_arrays(data: PlacementData) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per family: (class index, u, v) of every communicating unit pair, as arrays."""
-    out = {}
-    for family, edges in data.edges().items():
-        table = np.array(edges, dtype=np.int64).reshape(-1, 3)
-        out[family] = (table[:, 0], table[:, 1], table[:, 2])
-    return out
+def _edge_arrays(data: PlacementData) -> list[tuple[Family, np.ndarray, np.ndarray, np.ndarray]]:
+    """Per family with flows: it and (class index, u, v) of its unit pairs, as arrays."""
+    key = ("edge arrays",)
+    if key not in data.memo:
+        out = []
+        for family, edges in data.flows():
+            table = np.array(edges, dtype=np.int64).reshape(-1, 3)
+            out.append((family, table[:, 0], table[:, 1], table[:, 2]))
+        data.memo[key] = out
+    return data.memo[key]
 
 
 def failed_flows(data: PlacementData, assign: np.ndarray) -> np.ndarray:
@@ -31,10 +34,10 @@ def failed_flows(data: PlacementData, assign: np.ndarray) -> np.ndarray:
     bad_dir = ~np.isfinite(data.inv_bw)
     bad_any = bad_dir | bad_dir.T
     out: list[np.ndarray] = []
-    for family, (_, u, v) in _edge_arrays(data).items():
+    for family, _, u, v in _edge_arrays(data):
         if len(u):
             p, q = assign[u], assign[v]
-            bad = (bad_dir if family in RING_FAMILIES else bad_any)[p, q] & (p != q)
+            bad = (bad_dir if family.one_way else bad_any)[p, q] & (p != q)
             out.extend((u[bad], v[bad]))
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
@@ -44,15 +47,13 @@ def critical_units(data: PlacementData, assign: np.ndarray) -> np.ndarray:
     bad = failed_flows(data, assign)
     if len(bad):
         return np.unique(bad)
-    costs = {"hop": (data.hop_cost(), data.hop_cost().T), "emb": (data.emb_cost(),)}
     out: list[int] = []
-    for family, (idx, u, v) in _edge_arrays(data).items():
+    for family, idx, u, v in _edge_arrays(data):
         if not len(u):
             continue
         p, q = assign[u], assign[v]
-        mats = costs.get(family, (data.inv_bw,))
-        for mat in mats:
-            cost = mat[p, q] if family != "ring" else data.ring_bytes[idx] * mat[p, q]
+        flows = family.flow_costs(data, idx, p, q)
+        for cost in (data.inv_bw[p, q],) if flows is None else flows:
             for i in np.unique(idx):
                 sel = np.flatnonzero(idx == i)
                 k = sel[np.argmax(cost[sel])]

@@ -9,8 +9,8 @@ rings).  :func:`regroup_replicas` searches these renumberings by pairwise swaps,
 scored with the full evaluator (the all-to-alls and rings on the measured matrix),
 first improvement, from the master's numbering and then from random ones while time is
 left (a local search: no optimality claim).  It runs where the masters price these
-groups only as a bound (:mod:`~pipette_cp.solvers.placement.groups`: slot places,
-uneven groups, the flex dispatcher), on the master's placement.
+groups only as a bound (:mod:`~pipette_cp.solvers.placement.families.group_tables`:
+slot places, uneven groups, the flex dispatcher), on the master's placement.
 
 :func:`regroup_within` runs it within a work budget for the deterministic solves
 (:mod:`pipette_cp.solvers.work_meter`): the regrouping reads the wall clock, so under the

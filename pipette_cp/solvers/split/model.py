@@ -1,13 +1,11 @@
 """The layer-split master problem, written once over a solver backend.
 
-``min t`` over integer layer counts ``n_v >= 1`` per virtual stage, subject to
-``split_covers_layers`` (``sum n = L``), ``memory_limit`` (the integer facets of
-every chunk's memory row, :meth:`~pipette_cp.solvers.split.cost.MemoryModel.facets`),
-``chunk_balance`` (vpp > 1), user rows (:mod:`pipette_cp.solvers.extensions`) and
-the Kelley cuts ``iteration_time`` (``t >= a + g . n``) added by
-:func:`~pipette_cp.solvers.split.solve.solve_split`.  Contiguity
-(``split_contiguous``) holds by construction: the variables are counts in
-virtual-stage order.  The family names are those of :mod:`pipette_cp.checker`.
+``min t`` over integer layer counts ``n_v >= 1`` per virtual stage, subject to the rows
+of the master's families (:mod:`pipette_cp.solvers.split.families`:
+``split_covers_layers``, ``split_contiguous``, ``memory_limit``, ``chunk_balance`` and
+the user's) and the Kelley cuts ``iteration_time`` (``t >= a + g . n``) added by
+:func:`~pipette_cp.solvers.split.solve.solve_split`.  The family names are those of
+:mod:`pipette_cp.checker`.
 
 :class:`SplitModel` states every family once; a :class:`SplitBackend`
 (:class:`~pipette_cp.solvers.split.cpsat.CpSatSplitBackend`,
@@ -18,7 +16,7 @@ solver's API and owns the one thing that differs: how time is represented
 
 from __future__ import annotations
 
-import itertools
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,6 +25,7 @@ import numpy as np
 from pipette_cp.solvers.cuts import Cut
 from pipette_cp.solvers.extensions import LinearTerms
 from pipette_cp.solvers.split.cost import MasterSolution, SplitCost
+from pipette_cp.solvers.split.families import BUILTIN, SplitFamily
 
 
 class SplitBackend(Protocol):
@@ -56,15 +55,17 @@ class SplitBackend(Protocol):
 
 
 class SplitModel:
-    """The cutting-plane split master of ``cost`` on ``backend`` (module docstring)."""
+    """The cutting-plane split master of ``cost`` on ``backend`` with the rows of
+    ``families`` (default: the built-in ones), in order (module docstring)."""
 
-    def __init__(self, cost: SplitCost, backend: SplitBackend) -> None:
-        self.cost, self.backend = cost, backend
+    def __init__(
+        self, cost: SplitCost, backend: SplitBackend, families: Sequence[SplitFamily] = BUILTIN
+    ) -> None:
+        self.cost, self.backend, self.families = cost, backend, tuple(families)
         self.num_rows = 0
         self.build_variables()
-        self.add_split_covers_layers()
-        self.add_memory_limit()
-        self.add_chunk_balance()
+        for family in self.families:
+            family.add_rows(self)
         self.set_objective()
 
     # ------------------------------------------------------------------ model
@@ -75,34 +76,9 @@ class SplitModel:
         self.n = [self.backend.new_int(f"layers_{v}", 1, top) for v in range(c.num_chunks)]
         self.t = self.backend.new_time("iteration_time")
 
-    def add_split_covers_layers(self) -> None:
-        """Every layer in exactly one chunk: ``sum_v n_v = L``."""
-        terms = [(1, n) for n in self.n]
-        self.backend.add_linear(terms, "==", self.cost.num_layers, "split_covers_layers")
-
-    def add_memory_limit(self) -> None:
-        """Per stage ``s``: ``k_s <= K_s`` and, for each chunk ``c``, the integer facets
-        ``a k_s + b n_{c,s} <= r`` of ``W_s k_s + X_s n_{c,s} <= R_s`` (bytes)
-        (:meth:`~pipette_cp.solvers.split.cost.MemoryModel.facets`: the same integer points)."""
-        c = self.cost
-        for s in range(c.pp):
-            chunks = [self.n[k * c.pp + s] for k in range(c.vpp)]
-            top, rows = c.memory_facets(s)
-            self.backend.add_linear([(1, x) for x in chunks], "<=", top, f"memory_limit_{s}")
-            for k, chunk in enumerate(chunks):
-                for i, (a, b, r) in enumerate(rows):
-                    terms = [(a + (b if x is chunk else 0), x) for x in chunks]
-                    self.backend.add_linear(terms, "<=", r, f"memory_limit_{s}_{k}_{i}")
-
-    def add_chunk_balance(self) -> None:
-        """With ``vpp > 1``: the chunks of a stage differ by at most ``cost.chunk_spread``."""
-        c, spread = self.cost, self.cost.chunk_spread
-        if spread is None or c.vpp == 1:
-            return
-        for s in range(c.pp):
-            for a, b in itertools.permutations(range(c.vpp), 2):
-                terms = [(1, self.n[a * c.pp + s]), (-1, self.n[b * c.pp + s])]
-                self.backend.add_linear(terms, "<=", spread, f"chunk_balance_{s}_{a}_{b}")
+    def add_row(self, terms: LinearTerms, sense: str, rhs: int, name: str) -> None:
+        """A family's row ``sum coef * n (sense) rhs``, named ``name``."""
+        self.backend.add_linear(terms, sense, rhs, name)
 
     def add_iteration_time(self, cut: Cut) -> None:
         """Kelley cut ``t >= a + g . n`` (the backend keeps it valid in its own units)."""

@@ -52,10 +52,10 @@ import numpy as np
 
 from pipette_cp.errors import InfeasibleError, SolverError, SpecError
 from pipette_cp.solvers import work_meter as work
-from pipette_cp.solvers.extensions import SplitContext, family_violations
 from pipette_cp.solvers.options import SPLIT_WORK_SHARE, SolveOptions
 from pipette_cp.solvers.split.cost import SplitCost, split_cost
 from pipette_cp.solvers.split.cpsat import CpSatSplitBackend
+from pipette_cp.solvers.split.families import split_families
 from pipette_cp.solvers.split.heuristics import feasible_start, local_search, prefer_simple
 from pipette_cp.solvers.split.milp import MilpSplitBackend
 from pipette_cp.solvers.split.model import SplitBackend, SplitModel
@@ -175,19 +175,14 @@ def _split(instance: Instance, plan: Plan, options: SolveOptions, backend: Backe
     trail = local_search(cost, start, rng, deadline_s=math.inf if metered else greedy_until)
     work.spend(work.CUT_TICKS * len(trail.cuts))
     best, best_s = trail.split, trail.time_s
-    families = options.constraints
-
-    def allowed(split: np.ndarray) -> bool:
-        candidate = plan.model_copy(update={"layer_split": tuple(int(n) for n in split)})
-        return not family_violations(families, instance, candidate)
-
+    users = options.constraints
+    families = split_families(instance, plan, users)
     bound, iterations, status = -math.inf, 0, "feasible"
     if cost.num_chunks == 1:
         bound, status = best_s, "optimal"
-    master = SplitModel(cost, _backend(backend, cost, best_s, options))
-    for family in families:
-        family.split(SplitContext(instance, plan, list(master.n), master))
-    if families and not allowed(best):  # the heuristics ignore user families
+    master = SplitModel(cost, _backend(backend, cost, best_s, options), families)
+    # the heuristics know only the built-in families
+    if users and not all(f.admits(cost, best) for f in families):
         best_s, bound, status = math.inf, -math.inf, "feasible"
     for cut in trail.cuts:
         master.add_iteration_time(cut)
@@ -228,7 +223,7 @@ def _split(instance: Instance, plan: Plan, options: SolveOptions, backend: Backe
         master.export(export_path)
     if not math.isfinite(best_s):
         raise InfeasibleError("no layer split satisfying the user families found in the time limit")
-    if not families:
+    if not users:
         best, best_s = prefer_simple(cost, best, best_s)
     proven = bound if math.isfinite(bound) else None
     return SplitResult(

@@ -15,10 +15,12 @@ from pipette_cp.cost.evaluator.evaluate import Evaluator
 from pipette_cp.solvers import SolveOptions, get_method
 from pipette_cp.solvers.placement import BACKENDS
 from pipette_cp.solvers.placement.build import build_placement_data
+from pipette_cp.solvers.placement.families import SYMMETRY
+from pipette_cp.solvers.placement.families.group_tables import group_tables
+from pipette_cp.solvers.placement.families.symmetry import rotation_period
 from pipette_cp.solvers.placement.kelley import CutPool, kelley, lower_x, worst_x
 from pipette_cp.solvers.placement.model import PlacementModel
 from pipette_cp.solvers.placement.oracle import brute_force_placement
-from pipette_cp.solvers.placement.symmetry import canonical, rotation_period
 from pipette_cp.specs import TrainingSpec, resolve_gpu
 from pipette_cp.specs.layouts import make_plan
 from tests.cost.network.test_groups import _instance, _moe_model, slow_pairs_cluster
@@ -72,7 +74,7 @@ def test_the_group_inputs_are_the_evaluators(layout, gpus) -> None:
         pytest.skip("tp above the node")
     inst, plan = setup(layout, gpus)
     data = build_placement_data(inst, plan)
-    assert data.exact and data.groups is not None
+    assert data.exact and group_tables(data) is not None
     ring = Evaluator(inst, dp_algorithm="ring", validate=False)
     for assign in random_assignments(data, 8):
         truth = ring.iteration_time(plan.model_copy(update={"placement": data.placement(assign)}))
@@ -156,7 +158,7 @@ def test_groups_are_priced_only_where_the_unit_form_is_exact() -> None:
     inst = _instance(MODEL, slow_pairs_cluster(), seq=2048, gbs=12)
     plan = make_plan(num_layers=4, dp=6, pp=1, tp=1, ep=2, micro_batch_size=1)
     data = build_placement_data(inst, plan)  # slow pairs inside a node: slot places
-    assert data.groups is not None and not data.groups.priced and not data.exact
+    assert (tables := group_tables(data)) is not None and not tables.priced and not data.exact
     # bounded by 0 where unpriced, and the placement's own value is still the Evaluator's
     ring = Evaluator(inst, dp_algorithm="ring", validate=False)
     for assign in random_assignments(data, 8):
@@ -178,7 +180,7 @@ def test_replica_rotations_keep_the_groups(layout, period) -> None:
     data = build_placement_data(inst, plan)
     assert rotation_period(data) == period
     for assign in random_assignments(data, 5):
-        moved = canonical(data, assign)
+        moved = SYMMETRY.canonical(data, assign)
         assert data.value(moved) == pytest.approx(data.value(assign), rel=1e-12)
         grid = moved.reshape(plan.pp, plan.replicas)
         assert grid[0, 0] == grid[0, ::period].min()
@@ -208,7 +210,8 @@ def test_an_uneven_expert_group_is_left_to_the_bound() -> None:
     plan = make_plan(num_layers=4, dp=3, pp=1, tp=4, ep=6, etp=1, micro_batch_size=1,
                      sequence_parallel=True)  # fmt: skip
     data = build_placement_data(inst, plan)
-    assert data.groups is not None and "a2a" not in data.groups.priced and not data.exact
+    tables = group_tables(data)
+    assert tables is not None and "a2a" not in tables.priced and not data.exact
     ring = Evaluator(inst, dp_algorithm="ring", validate=False)
     for assign in random_assignments(data, 4):
         placed = plan.model_copy(update={"placement": data.placement(assign)})
@@ -222,7 +225,7 @@ def test_expert_rings_inside_units_are_synced_and_left_to_the_bound(layout) -> N
     Evaluator charges them, and a placement's value is the Evaluator's."""
     inst, plan = setup(layout, 2)
     data = build_placement_data(inst, plan)
-    assert data.groups is not None and data.groups.ering_classes and not data.exact
+    assert (tables := group_tables(data)) is not None and tables.ering_classes and not data.exact
     ring = Evaluator(inst, dp_algorithm="ring", validate=False)
     dense_only = plan.model_copy(update={"etp": None})  # etp = tp: no rings of their own
     for assign in random_assignments(data, 4):

@@ -22,6 +22,12 @@ The masters price a family (:attr:`GroupTables.priced`) only where its unit-leve
 is exact: node places (every GPU pair of two nodes alike), every rank of a unit with the
 same peers, ``tp`` flows on every ring link.  Elsewhere the input is left to its lower
 bound 0 (valid, not exact) and the placement's own value is still the Evaluator's.
+
+The three group families (:mod:`~pipette_cp.solvers.placement.families.alltoall`,
+:mod:`~pipette_cp.solvers.placement.families.context_rings`,
+:mod:`~pipette_cp.solvers.placement.families.expert_rings`) share these tables through
+:func:`group_tables` (built once per problem) and one reading of an assignment through
+:func:`group_reading`.
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ from pipette_cp.cost.network.groups import (
 )
 from pipette_cp.cost.workload.parameters import stage_param_split
 from pipette_cp.cost.workload.tokens import cp_chunk_bytes, moe_layers_by_chunk
+from pipette_cp.solvers.placement.data import PlacementData
+from pipette_cp.solvers.placement.family import Reading
 from pipette_cp.specs import Instance, Plan
 from pipette_cp.specs.training import GRADIENT_SHARDING
 from pipette_cp.units import BYTES_PER_ELEMENT
@@ -277,3 +285,36 @@ def expert_sync(
     sync = (ering + tables.esync_factor * lat).reshape(pp, -1).max(axis=1)
     gather = (tables.egather_ratio * ering + tables.egather_factor * lat).reshape(pp, -1)
     return sync, gather.max(axis=1)
+
+
+def group_tables(data: PlacementData) -> GroupTables | None:
+    """The tables of the problem's groups, built once per problem (None: the layout has
+    no context-parallel ring and no expert rings apart from the dense ones)."""
+    key = ("group tables",)
+    if key not in data.memo:
+        plan, model = data.plan, data.instance.model
+        grouped = plan.cp > 1 or (model.is_moe and expert_rings_apart(plan))
+        tables = build_group_tables(data.instance, plan, data.node_level) if grouped else None
+        data.memo[key] = tables
+    return data.memo[key]
+
+
+def group_reading(data: PlacementData, tables: GroupTables, reading: Reading) -> GroupInputs:
+    """:func:`group_inputs` of the assignment being read, computed once for its families."""
+    if "groups" not in reading.memo:
+        fabric = data.evaluator.fabric
+        reading.memo["groups"] = group_inputs(data.instance, data.plan, tables, fabric,
+                                              reading.gpus)  # fmt: skip
+    return reading.memo["groups"]
+
+
+def per_byte_worst(data: PlacementData) -> float:
+    """Seconds per byte no group flow exceeds: the slowest link, or a whole node's flows
+    sharing its NICs."""
+    key = ("group per byte",)
+    if key not in data.memo:
+        c = data.instance.cluster
+        bw = c.links
+        slowest = float(bw[bw > 0].min()) if (bw > 0).any() else 1.0
+        data.memo[key] = max(1.0 / slowest, c.gpus_per_node / data.nic_capacity)
+    return data.memo[key]
