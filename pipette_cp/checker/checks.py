@@ -1,8 +1,10 @@
 """The constraint families every plan must satisfy, checked independently of any solver.
 
-The family names match the ``add_<family>`` methods of the CP-SAT and MILP
-models, so a violated family points at the model constraint that should have
-prevented it.
+The family names are the ``check`` of the masters' hard families
+(:mod:`pipette_cp.solvers.placement.families`, :mod:`pipette_cp.solvers.split.families`),
+so a violated family points at the model rows that should have prevented it.  The
+checker sits below the solvers and keeps its own list (:data:`CHECKS`); the tests pin
+that the two lists name the same families.
 """
 
 from __future__ import annotations

@@ -32,7 +32,11 @@ Example: keep the first pipeline stage off node 0 (say its NIC is degraded)::
             return [f"replica {r}: stage 0 on node 0" for r in bad]
 
 Families are hard constraints; objective terms are not offered (the Kelley
-bound of the masters is a bound on the iteration time only).
+bound of the masters is a bound on the iteration time only).  In each master a user
+family is one more family of its list, the hard-only case of the masters' family
+protocol: rows and a check, no inputs
+(:class:`~pipette_cp.solvers.placement.families.hard.user.UserFamily`,
+:class:`~pipette_cp.solvers.split.families.UserSplitFamily`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The exact layer split of a fixed layout and placement.
 
-``cost`` reads the split-dependent costs off the evaluator; ``model`` writes
-the master once over a backend (``cpsat``, ``milp``); ``heuristics`` gives the
+``cost`` reads the split-dependent costs off the evaluator; ``families`` holds the
+master's constraint families (the user's the same kind); ``model`` writes the master
+from their list once over a backend (``cpsat``, ``milp``); ``heuristics`` gives the
 warm start and the first cuts; ``solve`` runs Kelley's loop
 (:func:`solve_split`); ``oracle`` enumerates every split of tiny instances;
 ``flags`` gives the Megatron-LM arguments of a split.
