@@ -109,13 +109,20 @@ class PlacementData:
     def __post_init__(self) -> None:
         if self.place_domain is None:
             self.place_domain = self.place_node
-        self.xi = XIndex.assemble([s for f in self.families for s in f.slots(self)])
+        declared = [(f, list(f.slots(self))) for f in self.families]
+        self.xi = XIndex.assemble([s for _, slots in declared for s in slots])
         self.exact = self.exact and all(f.exact(self) for f in self.families)
-        base = PlacementFamily
-        self._readers = [f for f in self.families if type(f).read is not base.read]
+        # the hooks each family overrides (reading and communication: only where it has
+        # inputs in this problem), called in list order
+        base, pp, vpp = PlacementFamily, self.plan.pp, self.plan.vpp
+        inputs = [f for f, slots in declared if any(0 not in s.shape for s in slots)]
+        self._readers = [f for f in inputs if type(f).read is not base.read]
+        self._talkers = [f for f in inputs if type(f).communicate is not base.communicate]
         self._computers = [f for f in self.families if type(f).compute is not base.compute]
-        self._talkers = [f for f in self.families if type(f).communicate is not base.communicate]
         self._admitters = [f for f in self.families if type(f).admits is not base.admits]
+        self._zeros = np.zeros(pp * vpp), np.zeros(pp)
+        for zeros in self._zeros:
+            zeros.flags.writeable = False
 
     # ------------------------------------------------------------ shapes
     @property
@@ -246,10 +253,9 @@ class PlacementData:
         times first, then every family's communication."""
         plan = self.plan
         pp, vpp = plan.pp, plan.vpp
-        times = TimeParts(
-            forward=np.zeros(pp * vpp), backward=np.zeros(pp * vpp), optimizer=np.zeros(pp),
-            fwd_hop=np.zeros(pp), bwd_hop=np.zeros(pp), sync=np.zeros(pp), gather=np.zeros(pp),
-        )  # fmt: skip
+        per_chunk, per_stage = self._zeros  # read-only: a family replaces an array
+        times = TimeParts(per_chunk, per_chunk, per_stage, per_stage, per_stage, per_stage,
+                          per_stage)  # fmt: skip
         for family in self._computers:
             family.compute(self, x, times)
         for family in self._talkers:

@@ -131,9 +131,10 @@ class Reading:
 @dataclass
 class TimeParts:
     """The schedule inputs as the families build them from ``x``: the compute family
-    sets the stage times, the others add their communication.  ``layer``: one layer's
-    (forward, backward) on stage 0's slowest class, where per-layer collectives hide
-    behind it (ZeRO-2/3), else None."""
+    sets the stage times, the others add their communication.  The arrays start as
+    read-only zeros: a family replaces an array (``times.sync = times.sync + s``), never
+    writes into one.  ``layer``: one layer's (forward, backward) on stage 0's slowest
+    class, where per-layer collectives hide behind it (ZeRO-2/3), else None."""
 
     forward: np.ndarray
     backward: np.ndarray
@@ -235,7 +236,8 @@ class PlacementFamily(Generic[D]):
 
     # ------------------------------------------------------------ value of an assignment
     def read(self, data: D, reading: Reading, x: np.ndarray) -> None:
-        """Write its inputs of the assignment into ``x`` (the Evaluator's values)."""
+        """Write its inputs of the assignment into ``x`` (the Evaluator's values); called
+        only where the family has inputs in the problem, as :meth:`communicate` is."""
 
     def admits(self, data: D, assign: np.ndarray) -> bool:
         """Whether the assignment satisfies it where ``x_of`` does not already refuse it."""

@@ -60,8 +60,9 @@ class PipelineHops(Family):
         x[data.xi["hb"]] = reading.inputs.bwd_hop_s[: data.hops]
 
     def communicate(self, data: PlacementData, x: np.ndarray, times: TimeParts) -> None:
-        times.fwd_hop[: data.hops] = x[data.xi["hf"]]
-        times.bwd_hop[: data.hops] = x[data.xi["hb"]]
+        fwd, bwd = np.zeros(data.plan.pp), np.zeros(data.plan.pp)
+        fwd[: data.hops], bwd[: data.hops] = x[data.xi["hf"]], x[data.xi["hb"]]
+        times.fwd_hop, times.bwd_hop = fwd, bwd
 
     def classes(self, data: PlacementData) -> list[FlowClass]:
         xi, pp = data.xi, data.plan.pp
