@@ -8,6 +8,11 @@ subject to cuts ``t >= f(x_k) + g_k (x - x_k)`` (:func:`supporting_cut`, Kelley
 under-estimates ``f``, so the master's optimum is a lower bound; a placement
 whose true ``f`` meets that bound is optimal.  Each round re-solves the master
 warm-started with the best placement so far (never worse than its hint).
+
+The analytic bounds on the inputs (:func:`lower_x`, :func:`two_level_floor_x`,
+:func:`worst_x`) come from the problem's families
+(:mod:`~pipette_cp.solvers.placement.families`): the per-class bound of their flow
+classes is computed here, and each family adds its own (``lower``, ``floor``, ``worst``).
 """
 
 from __future__ import annotations
