@@ -1,53 +1,31 @@
-"""The library entry point mirroring ``pipette-cp solve``."""
+"""The library entry point mirroring ``pipette-cp solve``.
+
+The functions take the search's options as keywords (:class:`~pipette_cp.search.options.SearchKeywords`:
+``method``, ``top_k``, ``time_limit_s``, ``seed``, ``space``, ``constraints``,
+``milp_solver``, ``jobs``, ``executor``, ``ray_address``, ``deterministic``, ``progress``,
+``on_best``, ``max_solves``) and build one :class:`~pipette_cp.search.options.SearchOptions`
+from them, which the search takes whole (:func:`solve_with_options`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypedDict, TypeVar, cast
+from typing import TypeVar, Unpack
 
 from pipette_cp.io.cluster_file import read_cluster_file
 from pipette_cp.io.instance_file import DEFAULT_INSTANCE, load_instance
 from pipette_cp.search import search
-from pipette_cp.search.loop import Incumbent, Progress, SearchResult
+from pipette_cp.search.loop import SearchResult
+from pipette_cp.search.options import SearchKeywords, SearchOptions
 from pipette_cp.search.robust import RobustResult, robust_search
-from pipette_cp.solvers.extensions import ConstraintFamily
-from pipette_cp.solvers.milp_engine import DEFAULT_ENGINE
-from pipette_cp.specs import ClusterSpec, Instance, Plan, SearchSpace
-
-
-class _SearchOptions(TypedDict):
-    """The keyword arguments :func:`solve`, :func:`solve_with_stats` and
-    :func:`solve_robust` pass on to the search, unchanged."""
-
-    method: str
-    top_k: int
-    time_limit_s: float | None
-    seed: int
-    space: SearchSpace | None
-    progress: Progress | None
-    constraints: Sequence[ConstraintFamily]
-    milp_solver: str
-
+from pipette_cp.specs import ClusterSpec, Instance, Plan
 
 _Result = TypeVar("_Result", SearchResult, RobustResult)
 
 
 def solve(
-    instance: Instance | str | Path = DEFAULT_INSTANCE,
-    *,
-    method: str = "cpsat",
-    top_k: int = 5,
-    time_limit_s: float | None = None,
-    seed: int = 0,
-    space: SearchSpace | None = None,
-    progress: Progress | None = None,
-    constraints: Sequence[ConstraintFamily] = (),
-    milp_solver: str = DEFAULT_ENGINE,
-    jobs: int = 1,
-    executor: str = "local",
-    ray_address: str | None = None,
-    deterministic: bool = False,
+    instance: Instance | str | Path = DEFAULT_INSTANCE, **options: Unpack[SearchKeywords]
 ) -> list[Plan]:
     """The fastest plans that fit in memory, best first.
 
@@ -79,6 +57,10 @@ def solve(
         work (:mod:`pipette_cp.search.deterministic`), and the same arguments give the same
         plans on any machine, for any ``jobs``; not with the ``milp`` methods (a
         :class:`~pipette_cp.errors.SpecError`).
+    progress, on_best, max_solves
+        Called with each phase's progress ``(phase, done, total)``; called with every new
+        incumbent and its gap ``(plan, gap)``; at most this many layouts solved
+        (:class:`~pipette_cp.search.options.SearchOptions`).
 
     Examples
     --------
@@ -90,41 +72,22 @@ def solve(
     >>> best.evaluation.iteration_time_s <= plans[-1].evaluation.iteration_time_s
     True
     """
-    options = _options(locals())
-    return solve_with_stats(
-        instance,
-        **options,
-        jobs=jobs,
-        executor=executor,
-        ray_address=ray_address,
-        deterministic=deterministic,
-    ).plans
+    return solve_with_options(instance, SearchOptions(**options)).plans
 
 
 def solve_with_stats(
-    instance: Instance | str | Path = DEFAULT_INSTANCE,
-    *,
-    method: str = "cpsat",
-    top_k: int = 5,
-    time_limit_s: float | None = None,
-    seed: int = 0,
-    space: SearchSpace | None = None,
-    progress: Progress | None = None,
-    constraints: Sequence[ConstraintFamily] = (),
-    milp_solver: str = DEFAULT_ENGINE,
-    jobs: int = 1,
-    executor: str = "local",
-    ray_address: str | None = None,
-    on_best: Incumbent | None = None,
-    deterministic: bool = False,
+    instance: Instance | str | Path = DEFAULT_INSTANCE, **options: Unpack[SearchKeywords]
 ) -> SearchResult:
     """:func:`solve`, also returning what the search did; ``on_best(plan, gap)`` is
     called with every new incumbent (in the candidates' order with ``deterministic``)."""
-    options = _options(locals())
+    return solve_with_options(instance, SearchOptions(**options))
+
+
+def solve_with_options(instance: Instance | str | Path, options: SearchOptions) -> SearchResult:
+    """:func:`solve_with_stats` with the options as one
+    :class:`~pipette_cp.search.options.SearchOptions` (what ``pipette-cp solve`` builds)."""
     name, inst = _resolve(instance)
-    found = search(inst, **options, jobs=jobs, executor=executor, ray_address=ray_address,
-                   on_best=on_best, deterministic=deterministic)  # fmt: skip
-    return _named(name, found)
+    return _named(name, search(inst, options))
 
 
 def solve_robust(
@@ -132,14 +95,7 @@ def solve_robust(
     snapshots: Sequence[ClusterSpec | str | Path],
     *,
     quantile: float = 1.0,
-    method: str = "cpsat",
-    top_k: int = 5,
-    time_limit_s: float | None = None,
-    seed: int = 0,
-    space: SearchSpace | None = None,
-    progress: Progress | None = None,
-    constraints: Sequence[ConstraintFamily] = (),
-    milp_solver: str = DEFAULT_ENGINE,
+    **options: Unpack[SearchKeywords],
 ) -> RobustResult:
     """Plans with the smallest ``quantile`` of the iteration time over bandwidth
     ``snapshots`` (clusters or cluster files of one cluster), as ``pipette-cp solve
@@ -154,16 +110,10 @@ def solve_robust(
     >>> result.scores_s[0] == max(result.times_s[0])
     True
     """
-    options = _options(locals())
+    search_options = SearchOptions(**options)
     name, inst = _resolve(instance)
     clusters = [s if isinstance(s, ClusterSpec) else read_cluster_file(s) for s in snapshots]
-    return _named(name, robust_search(inst, clusters, quantile=quantile, **options))
-
-
-def _options(arguments: Mapping[str, Any]) -> _SearchOptions:
-    """The :class:`_SearchOptions` among a public function's arguments (its ``locals()``
-    before anything else is assigned)."""
-    return cast(_SearchOptions, {name: arguments[name] for name in _SearchOptions.__annotations__})
+    return _named(name, robust_search(inst, clusters, search_options, quantile=quantile))
 
 
 def _named(name: str, result: _Result) -> _Result:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
 
 from pipette_cp.cli.console import console
+from pipette_cp.cli.knob_flags import NO_VALUES, plan_options
 from pipette_cp.cli.options import (
     NO_REPLACEMENTS,
     InstanceArgument,
@@ -27,29 +29,6 @@ from pipette_cp.io.instance_file import DEFAULT_INSTANCE
 from pipette_cp.report.evaluation import evaluation_json, evaluation_table
 from pipette_cp.specs._base import spec_error_from
 from pipette_cp.specs.layouts import make_plan
-
-
-class RecomputeChoice(StrEnum):
-    none = "none"
-    selective = "selective"
-    full = "full"
-
-
-class ShardingChoice(StrEnum):
-    none = "none"
-    optim = "optim"
-    optim_grads = "optim_grads"
-    optim_grads_params = "optim_grads_params"
-
-
-class KernelChoice(StrEnum):
-    eager = "eager"
-    sdpa_math = "sdpa-math"
-    fused_softmax = "fused-softmax"
-    flash1 = "flash1"
-    flash2 = "flash2"
-    flash3 = "flash3"
-    cudnn = "cudnn"
 
 
 class Predictor(StrEnum):
@@ -69,6 +48,7 @@ def _split(text: str | None) -> tuple[int, ...] | None:
 
 
 @instance_options
+@plan_options
 def predict(
     instance: InstanceArgument = DEFAULT_INSTANCE,
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size.")] = 1,
@@ -83,37 +63,7 @@ def predict(
     etp: Annotated[
         int | None, typer.Option("--etp", help="Expert tensor-parallel size [default: tp].")
     ] = None,
-    sp: Annotated[bool, typer.Option("--sp/--no-sp", help="Sequence parallelism.")] = False,
-    recompute: Annotated[
-        RecomputeChoice, typer.Option(help="Activation recomputation.")
-    ] = RecomputeChoice.none,
-    dist_opt: Annotated[
-        bool, typer.Option("--dist-opt/--no-dist-opt", help="Distributed optimizer.")
-    ] = False,
-    flash_attn: Annotated[
-        bool, typer.Option("--flash-attn/--no-flash-attn", help="FlashAttention.")
-    ] = True,
-    dp_sharding: Annotated[
-        ShardingChoice | None,
-        typer.Option(
-            help="Data-parallel sharding: none, optim (ZeRO-1), optim_grads (ZeRO-2), "
-            "optim_grads_params (ZeRO-3); overrides --dist-opt."
-        ),
-    ] = None,
-    dp_shard_size: Annotated[
-        int | None,
-        typer.Option(
-            "--dp-shard-size",
-            help="Hybrid sharding (HSDP): shard over groups of this many DP ranks, replicate "
-            "across them [default: shard over all].",
-        ),
-    ] = None,
-    attention_kernel: Annotated[
-        KernelChoice | None,
-        typer.Option(
-            help="Attention kernel of this plan (overrides --flash-attn and the stack's)."
-        ),
-    ] = None,
+    knobs: Mapping[str, Any] = NO_VALUES,  # --sp, --recompute, ... (plan_options)
     placement: Annotated[
         str,
         typer.Option(
@@ -174,15 +124,9 @@ def predict(
             etp=etp,
             micro_batch_size=mb,
             vpp=vpp,
-            sequence_parallel=sp,
-            recompute=recompute.value,
-            distributed_optimizer=dist_opt,
-            dp_sharding=None if dp_sharding is None else dp_sharding.value,
-            dp_shard_size=dp_shard_size,
-            attention_kernel=None if attention_kernel is None else attention_kernel.value,
-            flash_attention=flash_attn,
             layer_split=_split(split),
             placement=placed,
+            **knobs,
         )
     except ValidationError as exc:
         raise spec_error_from(exc, "plan") from None

@@ -12,6 +12,7 @@ See :func:`pipette_cp.search.robust.robust_search` for what is optimised.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 from collections.abc import Sequence
@@ -27,9 +28,9 @@ from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.cluster_file import read_cluster_file
 from pipette_cp.report.plans import plans_table
 from pipette_cp.report.robust import robust_json, snapshots_table
+from pipette_cp.search.options import SearchOptions
 from pipette_cp.search.robust import check_quantile, robust_search, with_cluster
-from pipette_cp.solvers.milp_engine import DEFAULT_ENGINE
-from pipette_cp.specs import Instance, SearchSpace
+from pipette_cp.specs import Instance
 
 SnapshotsOption = Annotated[
     list[str] | None,
@@ -84,31 +85,24 @@ def solve_robust(
     inst: Instance,
     values: Sequence[str],
     quantile: float,
+    options: SearchOptions,
     *,
-    method: str,
-    top: int,
-    time_limit: float | None,
-    seed: int,
-    space: SearchSpace,
     as_json: bool,
     out: Path | None,
     cluster: Path | None,
     profile: Path | None,
-    milp_solver: str = DEFAULT_ENGINE,
 ) -> None:
-    """Run :func:`~pipette_cp.search.robust.robust_search` and print the plans table
-    and the per-snapshot table (or JSON); ``--out`` writes the best plan and, next to
-    it, the instance on the plan's quantile snapshot (for ``export`` and ``plot``)."""
+    """Run :func:`~pipette_cp.search.robust.robust_search` with ``options`` and print the
+    plans table and the per-snapshot table (or JSON); ``--out`` writes the best plan and,
+    next to it, the instance on the plan's quantile snapshot (for ``export`` and ``plot``)."""
     if cluster is not None:
         raise SpecError("--cluster", str(cluster), "give either --cluster or --snapshots")
     q = check_quantile(quantile, "--quantile")
     paths = snapshot_paths(values)
     snapshots = [read_cluster_file(p) for p in paths]
     with search_progress(disable=as_json) as progress:
-        result = robust_search(
-            inst, snapshots, quantile=q, method=method, top_k=top, time_limit_s=time_limit,
-            seed=seed, space=space, progress=progress, milp_solver=milp_solver,
-        )  # fmt: skip
+        reporting = dataclasses.replace(options, progress=progress)
+        result = robust_search(inst, snapshots, reporting, quantile=q)
     name = inst.name if out is None else instance_path(out).name
     result.plans = [p.model_copy(update={"instance": name}) for p in result.plans]
     if out is not None:  # the instance on the plan's quantile snapshot, then the plan
@@ -121,7 +115,7 @@ def solve_robust(
         typer.echo(json.dumps(robust_json(result), indent=1))
         return
     what = "worst snapshot" if q == 1.0 else f"{q:g}-quantile"
-    title = f"Robust plans for {inst.name} ({method}; time on the {what} of {len(paths)})"
+    title = f"Robust plans for {inst.name} ({options.method}; time on the {what} of {len(paths)})"
     console.print(plans_table(result.plans, title))
     console.print(snapshots_table(result))
     s = result.stats

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from pipette_cp.api import solve_with_stats
+from pipette_cp.api import solve_with_options
 from pipette_cp.cli.console import STARTED_AT, console, err_console
+from pipette_cp.cli.knob_flags import NO_VALUES, parse_ints, parse_space, space_options
 from pipette_cp.cli.options import (
     NO_REPLACEMENTS,
     InstanceArgument,
@@ -38,20 +41,12 @@ from pipette_cp.errors import SpecError
 from pipette_cp.io.instance_file import DEFAULT_INSTANCE
 from pipette_cp.report.plans import GAP_LEGEND, plans_json, plans_table
 from pipette_cp.search.loop import default_time_limit_s
+from pipette_cp.search.options import SearchOptions
 from pipette_cp.search.rerank import plan_time
 from pipette_cp.search.selection import check_selection, idle_nodes
 from pipette_cp.search.snapshots import check_quantile
 from pipette_cp.solvers import METHODS
 from pipette_cp.specs import Instance, Plan, SearchSpace, validate_spec
-
-
-def _ints(option: str, text: str | None) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise SpecError(option, text, "expected comma-separated integers, e.g. 1,2,4") from None
 
 
 def _override(space: SearchSpace, **lists: object) -> SearchSpace:
@@ -62,6 +57,7 @@ def _override(space: SearchSpace, **lists: object) -> SearchSpace:
 
 
 @instance_options
+@space_options
 def solve(
     instance: InstanceArgument = DEFAULT_INSTANCE,
     top: Annotated[int, typer.Option("--top", help="Plans to show.")] = 5,
@@ -92,24 +88,7 @@ def solve(
     etp: Annotated[
         str | None, typer.Option("--etp", help="Allowed expert tensor-parallel sizes.")
     ] = None,
-    mb: Annotated[str | None, typer.Option("--mb", help="Allowed micro-batch sizes.")] = None,
-    vpp: Annotated[
-        str | None, typer.Option("--vpp", help="Allowed model chunks per stage.")
-    ] = None,
-    dp_sharding: Annotated[
-        str | None,
-        typer.Option(
-            "--dp-sharding",
-            help="Data-parallel sharding levels to try, e.g. optim,optim_grads_params "
-            "(none, optim, optim_grads, optim_grads_params).",
-        ),
-    ] = None,
-    dp_shard_size: Annotated[
-        str | None,
-        typer.Option(
-            "--dp-shard-size", help="Hybrid sharding (HSDP) shard-group sizes to try, e.g. 8."
-        ),
-    ] = None,
+    knob_space: Mapping[str, str | None] = NO_VALUES,  # --mb, --vpp, ... (space_options)
     exclude_node: Annotated[
         list[str] | None,
         typer.Option("--exclude-node", help="A node (host name) that holds no rank; repeatable."),
@@ -173,31 +152,24 @@ def solve(
         instance = inst.name
     space = _override(
         inst.search_space,
-        tp=_ints("--tp", tp), pp=_ints("--pp", pp), dp=_ints("--dp", dp),
-        cp=_ints("--cp", cp), ep=_ints("--ep", ep), etp=_ints("--etp", etp),
-        micro_batch_size=_ints("--mb", mb), vpp=_ints("--vpp", vpp),
-        dp_sharding=None if dp_sharding is None else tuple(dp_sharding.split(",")),
-        dp_shard_size=_ints("--dp-shard-size", dp_shard_size),
-        exclude_nodes=None if exclude_node is None else tuple(exclude_node),
+        tp=parse_ints("--tp", tp), pp=parse_ints("--pp", pp), dp=parse_ints("--dp", dp),
+        cp=parse_ints("--cp", cp), ep=parse_ints("--ep", ep), etp=parse_ints("--etp", etp),
+        **parse_space(knob_space), exclude_nodes=None if exclude_node is None else tuple(exclude_node),
         min_gpus=min_gpus, use_all_gpus=use_all_gpus, objective=objective,
     )  # fmt: skip
     check_selection(inst, space)
     limit = time_limit if time_limit is not None else default_time_limit_s(inst)
     # a work budget owes nothing to the clock: the start-up is not taken off it
     budget = limit if deterministic else search_budget(limit, STARTED_AT)
+    options = SearchOptions(method=method, top_k=top, time_limit_s=budget, seed=seed, space=space,
+                            milp_solver=engine, deterministic=deterministic, **workers)  # fmt: skip
     if snapshots:  # plans robust over bandwidth snapshots (pipette_cp/cli/robust.py)
-        return solve_robust(
-            inst, snapshots, 1.0 if quantile is None else quantile, method=method, top=top,
-            time_limit=budget, seed=seed, space=space, as_json=as_json, out=out,
-            cluster=cluster, profile=profile, milp_solver=engine,
-        )  # fmt: skip
+        return solve_robust(inst, snapshots, 1.0 if quantile is None else quantile, options,
+                            as_json=as_json, out=out, cluster=cluster, profile=profile)  # fmt: skip
     with solve_progress(time.perf_counter() + budget, disable=as_json) as (progress, on_best):
         try:
-            result = solve_with_stats(
-                inst, method=method, top_k=top, time_limit_s=budget, seed=seed, space=space,
-                progress=progress, milp_solver=engine, on_best=on_best, **workers,
-                deterministic=deterministic,
-            )  # fmt: skip
+            reporting = dataclasses.replace(options, progress=progress, on_best=on_best)
+            result = solve_with_options(inst, reporting)
         except KeyboardInterrupt:
             err_console.print("interrupted before any plan was found", highlight=False)
             raise typer.Exit(130) from None

@@ -16,9 +16,10 @@ a layout of ``n = dp * pp * tp`` GPUs holds at least:
 
 So with ``M`` the predicted memory of the whole model on one GPU (dp = pp = tp = 1,
 :func:`~pipette_cp.cost.memory.peak.memory_by_stage`) with the lightest knobs the search
-space allows (each micro-batch size, recompute and FlashAttention setting, the
-lowest taken), every layout on at most ``n`` GPUs needs at least ``R + (M - R) / n``
-per GPU on its worst stage, whatever its split, placement or knobs.  It
+space allows (every combination of the values each knob names as
+:attr:`~pipette_cp.specs.knobs.Knob.lightest`: micro-batch size, recompute and
+FlashAttention setting, ...; the lowest taken), every layout on at most ``n`` GPUs
+needs at least ``R + (M - R) / n`` per GPU on its worst stage, whatever its split, placement or knobs.  It
 decreases with ``n``: the smallest ``n`` for which it fits in a GPU is a lower
 bound on the GPUs needed.
 """
@@ -28,14 +29,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import product
+from typing import Any
 
 from pipette_cp.cost.memory.peak import memory_by_stage, usable_memory_bytes
 from pipette_cp.cost.stack.calibration import MEMORY_CALIBRATION
 from pipette_cp.cost.stack.frameworks import resolve_framework
-from pipette_cp.specs import Instance, Recompute, SearchSpace
+from pipette_cp.specs import Instance, SearchSpace
+from pipette_cp.specs.knobs import KNOBS
 from pipette_cp.specs.layouts import make_plan
-
-_RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
@@ -102,16 +103,12 @@ def model_capacity(instance: Instance, space: SearchSpace | None = None) -> Capa
     own = resolve_framework(training.framework).runtime_bytes  # the framework's, if its own
     runtime = MEMORY_CALIBRATION.runtime_bytes if own is None else own
     lightest = math.inf
-    knobs = product(
-        space.micro_batch_size or (1,),
-        space.recompute or _RECOMPUTE,
-        space.flash_attention or (True, False),
-    )
-    for mb, recompute, flash in knobs:
-        whole = make_plan(
-            num_layers=model.num_layers, dp=1, pp=1, tp=1, micro_batch_size=mb,
-            recompute=recompute, flash_attention=flash,
-        )  # fmt: skip
+    light = [knob for knob in KNOBS if knob.lightest is not None]
+    for values in product(*(knob.lightest(space) for knob in light if knob.lightest)):
+        fields: dict[str, Any] = {}
+        for knob, value in zip(light, values, strict=True):
+            fields.update(knob.assignment(value))
+        whole = make_plan(num_layers=model.num_layers, dp=1, pp=1, tp=1, **fields)
         (stage,) = memory_by_stage(model, training, whole, MEMORY_CALIBRATION)
         lightest = min(lightest, stage.total_bytes)
     gpu = max(cluster.gpu_types.values(), key=usable_memory_bytes)

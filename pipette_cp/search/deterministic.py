@@ -1,4 +1,4 @@
-"""The deterministic search's phases (``search(..., deterministic=True)``).
+"""The deterministic search's phases (``search`` with ``SearchOptions(deterministic=True)``).
 
 The budget is work, not wall time: ``time_limit_s`` reference seconds of
 :mod:`pipette_cp.solvers.work_meter` (a reference second: about a second of work on the

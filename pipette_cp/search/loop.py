@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pipette_cp.cost.evaluator.evaluate import Evaluator
 from pipette_cp.errors import InfeasibleError, SolverTimeoutError, SpecError
@@ -35,6 +34,7 @@ from pipette_cp.search.deterministic import (
 from pipette_cp.search.executors.runners import make_runner
 from pipette_cp.search.executors.workers import Runner, bound_layouts, check_jobs
 from pipette_cp.search.fallback import fallback
+from pipette_cp.search.options import DEFAULT_OPTIONS, Incumbent, Progress, SearchOptions
 from pipette_cp.search.phases import in_order, score_all, solve_all, sweep_all
 from pipette_cp.search.rerank import plan_time, rerank
 from pipette_cp.search.selection import (
@@ -46,18 +46,15 @@ from pipette_cp.search.selection import (
 )
 from pipette_cp.search.space import check_degrees, enumerate_layouts, gpu_counts
 from pipette_cp.search.sweep import SWEPT_METHODS
-from pipette_cp.solvers import SolveOptions
 from pipette_cp.solvers import work_meter as work
-from pipette_cp.solvers.extensions import ConstraintFamily
-from pipette_cp.solvers.milp_engine import DEFAULT_ENGINE, require_engine
+from pipette_cp.solvers.milp_engine import require_engine
 from pipette_cp.solvers.registry import MILP_METHODS
 from pipette_cp.specs import Instance, Plan, SearchSpace
 
-#: ``progress(phase, done, total)``; phases: "bounds", "score", "solve", "rerank".
-Progress = Callable[[str, int, int], None]
-#: ``on_best(plan, gap)``: a new incumbent (evaluated) and its gap to the search's lower
-#: bound (None while some layout is unbounded).
-Incumbent = Callable[[Plan, float | None], None]
+__all__ = [
+    "Incumbent", "Progress", "SearchOptions", "SearchResult", "SearchStats",
+    "default_time_limit_s", "round_robin", "search",
+]  # fmt: skip
 
 
 #: Methods that cannot run deterministically, and why.
@@ -136,25 +133,9 @@ def round_robin(layouts: list[Plan], everything: int) -> list[Plan]:
     return [layouts[i] for i in order]
 
 
-def search(
-    instance: Instance,
-    *,
-    method: str = "cpsat",
-    top_k: int = 5,
-    time_limit_s: float | None = None,
-    seed: int = 0,
-    space: SearchSpace | None = None,
-    max_solves: int | None = None,
-    progress: Progress | None = None,
-    constraints: Sequence[ConstraintFamily] = (),
-    milp_solver: str = DEFAULT_ENGINE,
-    jobs: int = 1,
-    on_best: Incumbent | None = None,
-    executor: str = "local",
-    ray_address: str | None = None,
-    deterministic: bool = False,
-) -> SearchResult:
-    """The ``top_k`` fastest plans that fit, best first (see the module docstring).
+def search(instance: Instance, options: SearchOptions = DEFAULT_OPTIONS) -> SearchResult:
+    """The ``options.top_k`` fastest plans that fit, best first (see the module docstring;
+    :class:`~pipette_cp.search.options.SearchOptions` for the options).
 
     ``jobs``: worker processes for the layouts' bounds, scores and solves
     (:mod:`~pipette_cp.search.executors.workers`; 1: all in this process), on ``executor``
@@ -181,30 +162,26 @@ def search(
         smallest deficit of a layout and what would make one fit.
     """
     start = time.perf_counter()
-    check_jobs(jobs)
+    method, deterministic = options.method, options.deterministic
+    check_jobs(options.jobs)
     if deterministic and method in NOT_DETERMINISTIC:
         raise SpecError("method", method, NOT_DETERMINISTIC[method] + " with deterministic=True")
-    options = SolveOptions(seed=seed, constraints=tuple(constraints), milp_solver=milp_solver,
-                           deterministic=deterministic)  # fmt: skip
     if method in MILP_METHODS:  # before any work: every solve would fail
-        require_engine(milp_solver)
-    space = space or instance.search_space
+        require_engine(options.milp_solver)
+    space = options.space or instance.search_space
     if space != instance.search_space:  # the evaluator and checker read the instance's
         instance = instance.model_copy(update={"search_space": space})
     if space.exclude_nodes:  # every method sees only the nodes left; plans mapped back
         sub, kept = restrict(instance)
-        found = search(sub, method=method, top_k=top_k, time_limit_s=time_limit_s, seed=seed,
-                       max_solves=max_solves, progress=progress, constraints=constraints,
-                       milp_solver=milp_solver, jobs=jobs, on_best=on_best, executor=executor,
-                       ray_address=ray_address, deterministic=deterministic)  # fmt: skip
+        found = search(sub, replace(options, space=None))  # the sub-instance's space
         return SearchResult([lift(p, kept) for p in found.plans], found.stats)
     check_degrees(instance, space)  # a space with no (dp, pp, tp) is bad input, not "nothing fits"
     too_big = capacity_error(instance, space)
     if too_big:  # no layout can fit: say so before enumerating them
         raise InfeasibleError(too_big)
+    time_limit_s = options.time_limit_s
     if time_limit_s is None:
         time_limit_s = default_time_limit_s(instance)
-    notify = progress or (lambda phase, done, total: None)
     # every GPU first, then most model parallelism (experts split over ep count too):
     # when the budget stops the bounding early, the layouts most likely to fit a large
     # model on all GPUs have been bounded
@@ -217,15 +194,14 @@ def search(
     )
     layouts = round_robin(layouts, everything)
     layouts = preferred_skeletons(instance, layouts)
-    runner = make_runner(instance, method, layouts, jobs, executor, ray_address)
+    runner = make_runner(instance, layouts, options)
     # the workers' start-up (a Ray cluster, its actors) comes off the budget first
     ready = time.perf_counter()
     if not deterministic:  # a work budget owes nothing to the clock
         time_limit_s = max(time_limit_s - (ready - start), 0.0)
     interrupted = False
     try:
-        result = _run(instance, space, method, top_k, time_limit_s, options, max_solves, notify,
-                      runner, layouts, ready, on_best)  # fmt: skip
+        result = _run(instance, space, options, time_limit_s, runner, layouts, ready)
         result.stats.wall_time_s = time.perf_counter() - start
         if deterministic:
             result.stats.notes.append(
@@ -241,11 +217,15 @@ def search(
 
 
 def _run(
-    instance: Instance, space: SearchSpace, method: str, top_k: int, time_limit_s: float,
-    options: SolveOptions, max_solves: int | None, notify: Progress, runner: Runner,
-    layouts: list[Plan], start: float, on_best: Incumbent | None,
+    instance: Instance, space: SearchSpace, search_options: SearchOptions, time_limit_s: float,
+    runner: Runner, layouts: list[Plan], start: float,
 ) -> SearchResult:  # fmt: skip
-    """The phases of :func:`search` over ``layouts`` in order."""
+    """The phases of :func:`search` over ``layouts`` in order (``time_limit_s``: what is
+    left of the budget)."""
+    method, top_k = search_options.method, search_options.top_k
+    max_solves, on_best = search_options.max_solves, search_options.on_best
+    notify = search_options.progress or _quiet
+    options = search_options.solve_options()
     stats = SearchStats(layouts=len(layouts))
     weight = objective_weight(space)
     evaluator = Evaluator(instance, validate=False)
@@ -372,6 +352,10 @@ def _run(
     ranked = rerank(evaluator, plans, top_k, notify, until=end, weight=weight)
     stats.wall_time_s = time.perf_counter() - start
     return SearchResult(ranked, stats)
+
+
+def _quiet(phase: str, done: int, total: int) -> None:
+    """No progress report."""
 
 
 def _nothing_fits(instance: Instance, space: SearchSpace, stats: SearchStats) -> str:

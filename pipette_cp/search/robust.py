@@ -43,6 +43,7 @@ from pipette_cp.checker import check_plan
 from pipette_cp.cost.evaluator.evaluate import Evaluator, Predictor
 from pipette_cp.errors import InfeasibleError, PipetteError, SpecError
 from pipette_cp.search.loop import Progress, SearchStats, default_time_limit_s, search
+from pipette_cp.search.options import DEFAULT_OPTIONS, SearchOptions
 from pipette_cp.search.snapshots import (
     check_quantile,
     check_snapshots,
@@ -52,9 +53,8 @@ from pipette_cp.search.snapshots import (
     with_cluster,
 )
 from pipette_cp.solvers import SolveOptions, get_method
-from pipette_cp.solvers.extensions import ConstraintFamily
-from pipette_cp.solvers.milp_engine import DEFAULT_ENGINE
-from pipette_cp.specs import ClusterSpec, Evaluation, Instance, Plan, SearchSpace
+from pipette_cp.specs import ClusterSpec, Evaluation, Instance, Plan
+from pipette_cp.specs.knobs import plan_key
 
 __all__ = [
     "BUDGET_SHARES", "RobustResult", "check_quantile", "check_snapshots", "planning_cluster",
@@ -105,15 +105,6 @@ class RobustResult:
     planning: ClusterSpec
     candidates: int
     stats: SearchStats = field(default_factory=SearchStats)
-
-
-def _key(plan: Plan) -> tuple:
-    return (
-        plan.dp, plan.pp, plan.tp, plan.micro_batch_size, plan.vpp, plan.sequence_parallel,
-        plan.recompute, plan.sharding, plan.flash_attention, plan.layer_split,
-        plan.attention_kernel, plan.fused_norm, plan.shard_group, plan.placement, plan.cp,
-        plan.ep, plan.etp,
-    )  # fmt: skip
 
 
 class _Scorer:
@@ -178,7 +169,7 @@ def score_plans(
     score = _Scorer(instance, snapshots, predictor)
     distinct: dict[tuple, Plan] = {}
     for plan in plans:  # the first of equal plans (the one with its search's solve info)
-        distinct.setdefault(_key(plan), plan)
+        distinct.setdefault(plan_key(plan), plan)
     unique = list(distinct.values())
     rows = []
     for i, plan in enumerate(unique):
@@ -210,23 +201,16 @@ def score_plans(
 def robust_search(
     instance: Instance,
     snapshots: Sequence[ClusterSpec],
+    options: SearchOptions = DEFAULT_OPTIONS,
     *,
     quantile: float = 1.0,
-    method: str = "cpsat",
-    top_k: int = 5,
     candidates: int = 10,
     reference: int | None = 0,
     extra_plans: Sequence[Plan] = (),
     polish: int = 3,
-    time_limit_s: float | None = None,
-    seed: int = 0,
-    space: SearchSpace | None = None,
     predictor: Predictor = "simulator",
-    progress: Progress | None = None,
-    constraints: Sequence[ConstraintFamily] = (),
-    milp_solver: str = DEFAULT_ENGINE,
 ) -> RobustResult:
-    """The ``top_k`` plans with the smallest q-quantile time over ``snapshots``.
+    """The ``options.top_k`` plans with the smallest q-quantile time over ``snapshots``.
 
     Parameters
     ----------
@@ -234,14 +218,16 @@ def robust_search(
         Model, training and search space; its cluster is replaced by the snapshots.
     snapshots
         Measurements of one cluster (same nodes and GPUs), e.g. a G6 timeline.
+    options
+        As :func:`~pipette_cp.search.loop.search` (``constraints`` also bind the
+        re-solves; ``extra_plans`` are taken as given); ``top_k``: plans returned;
+        ``time_limit_s``: the total budget, s (default: the search's own default),
+        shared as :data:`BUDGET_SHARES` (the reference's share goes to the planning
+        matrix when there is no reference).  Not ``deterministic`` (the steps are
+        budgeted by wall time) nor ``on_best``.
     quantile
         q in (0, 1]: the share of the snapshots the plan is protected against
         (1 = the worst snapshot).
-    method, seed, space, constraints, milp_solver
-        As :func:`~pipette_cp.search.loop.search` (``constraints`` also bind the
-        re-solves; ``extra_plans`` are taken as given).
-    top_k
-        Plans returned.
     candidates
         Plans kept from each search (K, at least ``top_k``).
     reference
@@ -253,18 +239,14 @@ def robust_search(
         The best this many candidates are solved again on the planning matrix with
         ``method``, from their own placement (exact methods never return worse than
         that hint), and the results join the candidates.
-    time_limit_s
-        Total budget, s (default: the search's own default), shared as
-        :data:`BUDGET_SHARES` (the reference's share goes to the planning matrix
-        when there is no reference).
     predictor
         Model scoring the plans on the snapshots (the search re-ranks with the simulator).
 
     Raises
     ------
     SpecError
-        Snapshots of different clusters, a bad quantile or reference index, or a
-        planning matrix that isolates a node.
+        Snapshots of different clusters, a bad quantile or reference index, a
+        planning matrix that isolates a node, or ``deterministic`` / ``on_best`` options.
     InfeasibleError
         Nothing fits, or no candidate runs on a q share of the snapshots.
     """
@@ -273,12 +255,17 @@ def robust_search(
     check_snapshots(snapshots)
     if reference is not None and not -len(snapshots) <= reference < len(snapshots):
         raise SpecError("reference", reference, f"expected a snapshot index < {len(snapshots)}")
+    for name in ("deterministic", "on_best"):
+        if getattr(options, name):
+            raise SpecError(name, getattr(options, name), "the robust search is budgeted by "
+                            "wall time and ranks its candidates at the end")  # fmt: skip
     planning = planning_cluster(snapshots, q)
-    budget = time_limit_s if time_limit_s is not None else default_time_limit_s(instance)
+    limit_s = options.time_limit_s
+    budget = limit_s if limit_s is not None else default_time_limit_s(instance)
     plan_share, ref_share, _ = BUDGET_SHARES
     if reference is None:
         plan_share += ref_share
-    keep = max(candidates, top_k)
+    keep = max(candidates, options.top_k)
     stats, pool, error = SearchStats(), list[Plan](), None
     runs = [(planning, "the planning matrix")]
     if reference is not None:
@@ -287,11 +274,8 @@ def robust_search(
         end = plan_share if cluster is planning else plan_share + ref_share
         limit = max(start + end * budget - time.perf_counter(), 1.0)
         try:
-            found = search(
-                with_cluster(instance, cluster), method=method, top_k=keep, time_limit_s=limit,
-                seed=seed, space=space, progress=progress, constraints=constraints,
-                milp_solver=milp_solver,
-            )  # fmt: skip
+            found = search(with_cluster(instance, cluster),
+                           replace(options, top_k=keep, time_limit_s=limit))  # fmt: skip
         except InfeasibleError as exc:  # e.g. every placement crosses a failed link
             error = error or exc
             stats.notes.append(f"search on {what}: {exc}")
@@ -303,17 +287,19 @@ def robust_search(
     if not pool:
         assert error is not None  # a search without plans raises
         raise error
+    progress = options.progress
     result = score_plans(instance, snapshots, pool, q, predictor, progress)
     if polish > 0:
         left = max(start + budget - time.perf_counter(), 0.5 * polish)
-        options = SolveOptions(time_limit_s=left, seed=seed, constraints=tuple(constraints),
-                               milp_solver=milp_solver)  # fmt: skip
-        pool += _polish(with_cluster(instance, planning), result.plans[:polish], method, options)
+        again = replace(options.solve_options(), time_limit_s=left)
+        pool += _polish(with_cluster(instance, planning), result.plans[:polish], options.method,
+                        again)  # fmt: skip
         result = score_plans(instance, snapshots, pool, q, predictor, progress)
     stats.notes.append(
         f"robust: {result.candidates} candidates scored on {len(snapshots)} snapshots "
         f"(q={q:g}, {predictor}) in {time.perf_counter() - start:.1f} s"
     )
+    top_k = options.top_k
     result.plans, result.times_s = result.plans[:top_k], result.times_s[:top_k]
     result.scores_s, result.critical = result.scores_s[:top_k], result.critical[:top_k]
     result.planning, result.stats = planning, stats

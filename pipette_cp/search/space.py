@@ -10,13 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import product
+from typing import Any
 
 from pipette_cp.cost.stack.kernels import NVIDIA_ONLY_ATTENTION, is_hopper
 from pipette_cp.errors import SpecError
 from pipette_cp.specs import Instance, Plan, SearchSpace
-from pipette_cp.specs.layouts import make_plan
+from pipette_cp.specs.knobs import KNOBS, Job
+from pipette_cp.specs.layouts import even_split, megatron_placement
 from pipette_cp.specs.selection import gpu_totals
-from pipette_cp.specs.training import FUSED_ATTENTION, GRADIENT_SHARDING, AttentionKernel, Sharding
 
 
 def divisors(n: int) -> list[int]:
@@ -189,77 +190,81 @@ def _check_context_and_experts(instance: Instance, space: SearchSpace) -> None:
 def enumerate_layouts(instance: Instance, space: SearchSpace | None = None) -> Iterator[Plan]:
     """Every skeleton plan the search space allows and Megatron can run.
 
-    Knobs that cannot matter are not duplicated: sequence parallelism needs tp > 1,
-    the distributed optimizer dp > 1, FlashAttention availability on this stack;
-    interleaving needs pp > 1, at least one layer per chunk, and (Megatron) pp
-    dividing the number of micro-batches.
-    """
-    space = space or instance.search_space
-    model, training = instance.model, instance.training
-    kernels = _kernel_choices(instance, space)
-    norms: list[bool | None] = [None]
-    if space.fused_norm is not None and model.norm == "rmsnorm":  # LayerNorm: one kernel
-        norms = list(space.fused_norm)
-    for d in degrees(instance, space):
-        for mb in space.micro_batch_size:
-            if training.global_batch_size % (d.dp * mb):
-                continue
-            m = training.global_batch_size // (d.dp * mb)
-            vpps = [
-                v
-                for v in space.vpp
-                if v == 1 or (d.pp > 1 and model.num_layers >= d.pp * v and m % d.pp == 0)
-            ]
-            sps = sorted({sp and d.tp > 1 for sp in space.sequence_parallel}, reverse=True)
-            if model.is_moe and d.tp > 1:  # Megatron: experts with tp need sequence parallelism
-                sps = [True]
-            levels = [
-                (level, group)
-                for level in _sharding_levels(space, d.dp * d.cp, d.pp)
-                for group in _shard_groups(space, level, d.dp * d.cp)
-            ]
-            for vpp, sp, recompute, (sharding, group), (fa, kernel), norm in product(
-                vpps, sps, space.recompute, levels, kernels, norms
-            ):
-                if d.cp > 1 and not fa:  # context parallelism runs in fused attention only
-                    continue
-                yield make_plan(
-                    num_layers=model.num_layers,
-                    dp=d.dp,
-                    pp=d.pp,
-                    tp=d.tp,
-                    cp=d.cp,
-                    ep=d.ep,
-                    etp=d.etp,
-                    micro_batch_size=mb,
-                    vpp=vpp,
-                    sequence_parallel=sp,
-                    recompute=recompute,
-                    dp_sharding=sharding,
-                    dp_shard_size=group,
-                    flash_attention=fa,
-                    attention_kernel=kernel,
-                    fused_norm=norm,
-                )
-
-
-def _kernel_choices(
-    instance: Instance, space: SearchSpace
-) -> list[tuple[bool, AttentionKernel | None]]:
-    """(flash_attention, attention_kernel) pairs to try: the space's kernels, or the
-    stack's kernel with the space's FlashAttention on/off where the stack has it.
+    For every (dp, pp, tp) of :func:`degrees`, the knobs' values
+    (:data:`pipette_cp.specs.knobs.KNOBS`, each knob's ``choices`` given the degrees and
+    the knobs before it) as nested loops, the first knob outermost.  Knobs that cannot
+    matter are not duplicated: sequence parallelism needs tp > 1, the distributed
+    optimizer dp > 1, FlashAttention availability on this stack; interleaving needs
+    pp > 1, at least one layer per chunk, and (Megatron) pp dividing the number of
+    micro-batches.
 
     Raises
     ------
     SpecError
-        FlashAttention 3 asked for on a cluster with GPUs other than Hopper.
+        An attention kernel the cluster's GPUs cannot run (:func:`check_kernels`).
     """
-    training = instance.training
+    space = space or instance.search_space
+    layers = instance.model.num_layers
+    check_kernels(instance, space)
+    job = Job(instance.model, instance.training, space)
+    layout = _Layout()
+    for d in degrees(instance, space):
+        layout.update(dp=d.dp, pp=d.pp, tp=d.tp, cp=d.cp, ep=d.ep, etp=d.etp)
+        placement = megatron_placement(d.dp * d.cp, d.pp, d.tp)
+        splits = {v: even_split(layers, d.pp, v) for v in space.vpp}
+        for chosen in _choose(job, layout):
+            yield Plan(**chosen, layer_split=splits[chosen["vpp"]], placement=placement)
+
+
+class _Layout(dict[str, Any]):
+    """A layout being enumerated: its degrees and the knobs chosen so far, as items and
+    as attributes (what the knobs' ``choices`` read)."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+#: Each knob's fields, in :data:`KNOBS` order, and whether it has only one.
+_FIELDS = tuple((knob.fields, len(knob.fields) == 1) for knob in KNOBS)
+
+
+def _choose(job: Job, layout: _Layout) -> Iterator[_Layout]:
+    """``layout`` with every combination of the knobs' values: nested loops, the first
+    knob outermost, each knob's choices asked once per combination of those before it
+    (the same object, updated in place)."""
+    last = len(KNOBS) - 1
+    pending: list[Iterator[Any]] = [iter(KNOBS[0].choices(job, layout))]
+    while pending:
+        i = len(pending) - 1
+        value: Any = next(pending[i], _DONE)
+        if value is _DONE:
+            pending.pop()
+            continue
+        names, single = _FIELDS[i]
+        if single:
+            layout[names[0]] = value
+        else:
+            layout.update(zip(names, value, strict=True))
+        if i == last:
+            yield layout
+        else:
+            pending.append(iter(KNOBS[i + 1].choices(job, layout)))
+
+
+_DONE = object()
+
+
+def check_kernels(instance: Instance, space: SearchSpace) -> None:
+    """Raise :class:`SpecError` for an attention kernel of ``space`` the cluster's GPUs
+    cannot run: FlashAttention 3 on GPUs other than Hopper, NVIDIA-only kernels on
+    others."""
     if space.attention_kernel is None:
-        fused = training.attention_kernel in (None, *FUSED_ATTENTION)
-        available = training.flash_attention_available and fused
-        flash = [f for f in space.flash_attention if available or not f] or [False]
-        return [(f, None) for f in flash]
+        return
     others = [g.name for g in instance.cluster.gpu_types.values() if not is_hopper(g)]
     if "flash3" in space.attention_kernel and others:
         raise SpecError(
@@ -274,29 +279,3 @@ def _kernel_choices(
             space.attention_kernel,
             f"{nvidia[0]} runs on NVIDIA GPUs only; the cluster has {amd[0]}",
         )
-    return [(k in FUSED_ATTENTION, k) for k in space.attention_kernel]
-
-
-def _shard_groups(space: SearchSpace, level: Sharding, dp: int) -> list[int | None]:
-    """Shard groups of a sharding level: all dp ranks (None), and the space's HSDP sizes
-    that divide dp and are smaller."""
-    if level == "none" or space.dp_shard_size is None:
-        return [None]
-    return [None, *(g for g in space.dp_shard_size if g < dp and dp % g == 0)]
-
-
-def _sharding_levels(space: SearchSpace, dp: int, pp: int) -> list[Sharding]:
-    """The data-parallel sharding levels worth trying: ``space.dp_sharding`` (or, when
-    unset, none/optim from ``space.distributed_optimizer``); every level needs dp > 1,
-    gradient sharding also pp = 1."""
-    if space.dp_sharding is None:
-        wanted: list[Sharding] = ["optim" if do else "none" for do in space.distributed_optimizer]
-    else:
-        wanted = list(space.dp_sharding)
-    ok = [
-        level
-        for level in wanted
-        if level == "none" or (dp > 1 and (pp == 1 or level not in GRADIENT_SHARDING))
-    ]
-    rank = ("optim_grads_params", "optim_grads", "optim", "none")
-    return sorted(set(ok or ["none"]), key=rank.index)  # most sharded first, as before

@@ -9,9 +9,9 @@ r-th GPU of the hostfile order.  That is the ``megatron-default`` placement.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from pipette_cp.specs.plan import Plan, share_placement
-from pipette_cp.specs.training import FUSED_ATTENTION, AttentionKernel, Recompute, Sharding
 
 
 def even_split(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, ...]:
@@ -64,18 +64,17 @@ def make_plan(
     ep: int = 1,
     etp: int | None = None,
     vpp: int = 1,
-    sequence_parallel: bool = False,
-    recompute: Recompute = "none",
-    distributed_optimizer: bool = False,
-    flash_attention: bool = True,
-    dp_sharding: Sharding | None = None,
-    dp_shard_size: int | None = None,
-    attention_kernel: AttentionKernel | None = None,
-    fused_norm: bool | None = None,
     layer_split: tuple[int, ...] | None = None,
     placement: tuple[tuple[int, ...], ...] | None = None,
+    **knobs: Any,
 ) -> Plan:
-    """A plan with an even split and Megatron's default placement unless given."""
+    """A plan with an even split and Megatron's default placement unless given.
+
+    ``knobs``: any other knob field of :class:`~pipette_cp.specs.plan.Plan`
+    (``sequence_parallel``, ``recompute``, ``dp_sharding``, ...; see
+    :data:`pipette_cp.specs.knobs.KNOBS`); the plan derives ``distributed_optimizer``
+    from a given ``dp_sharding`` and ``flash_attention`` from a given ``attention_kernel``.
+    """
     return Plan(
         dp=dp,
         pp=pp,
@@ -85,16 +84,7 @@ def make_plan(
         ep=ep,
         etp=etp,
         vpp=vpp,
-        sequence_parallel=sequence_parallel,
-        recompute=recompute,
-        distributed_optimizer=distributed_optimizer or dp_sharding not in (None, "none"),
-        dp_sharding=dp_sharding,
-        dp_shard_size=dp_shard_size,
-        flash_attention=flash_attention
-        if attention_kernel is None
-        else attention_kernel in FUSED_ATTENTION,
-        attention_kernel=attention_kernel,
-        fused_norm=fused_norm,
+        **knobs,
         layer_split=layer_split or even_split(num_layers, pp, vpp),
         placement=placement or megatron_placement(dp * cp, pp, tp),
     )

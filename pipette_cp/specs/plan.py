@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from pydantic import Field, ValidatorFunctionWrapHandler, WrapValidator, model_validator
 
 from pipette_cp.specs._base import FrozenSpec
+from pipette_cp.specs.knobs import knob_labels
 from pipette_cp.specs.training import FUSED_ATTENTION, AttentionKernel, Recompute, Sharding
 
 _PART = "Part of the sum (the causes add up to iteration_time_s). "
@@ -143,10 +144,6 @@ def share_placement(placement: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, 
 
 def _keep_shared(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
     return value if _SHARED.get(id(value)) is value else handler(value)
-
-
-#: Layout labels of the sharding levels that shard more than the optimizer.
-_SHARDING_LABEL = {"optim": "do", "optim_grads": "zero2", "optim_grads_params": "zero3"}
 
 
 class Plan(FrozenSpec):
@@ -327,7 +324,8 @@ class Plan(FrozenSpec):
         return sum(self.layer_split[c * self.pp + stage] for c in range(self.vpp))
 
     def layout(self) -> str:
-        """Short label, e.g. 'dp4-pp2-tp8-mb1-vpp2-sp-sel-do' or 'dp2-pp4-tp2-cp2-ep8-mb1-sp'."""
+        """Short label, e.g. 'dp4-pp2-tp8-mb1-vpp2-sp-sel-do' or 'dp2-pp4-tp2-cp2-ep8-mb1-sp':
+        the degrees, then every knob's part (:func:`pipette_cp.specs.knobs.knob_labels`)."""
         parts = [f"dp{self.dp}", f"pp{self.pp}", f"tp{self.tp}"]
         if self.cp > 1:
             parts.append(f"cp{self.cp}")
@@ -335,21 +333,5 @@ class Plan(FrozenSpec):
             parts.append(f"ep{self.ep}")
         if self.etp is not None and self.etp != self.tp:
             parts.append(f"etp{self.etp}")
-        parts.append(f"mb{self.micro_batch_size}")
-        if self.vpp > 1:
-            parts.append(f"vpp{self.vpp}")
-        if self.sequence_parallel:
-            parts.append("sp")
-        if self.recompute != "none":
-            parts.append({"selective": "sel", "full": "full"}[self.recompute])
-        if self.distributed_optimizer:
-            parts.append(_SHARDING_LABEL[self.sharding])
-        if self.hybrid:
-            parts.append(f"hsdp{self.shard_group}")
-        if not self.flash_attention:
-            parts.append("nofa")
-        if self.attention_kernel is not None:
-            parts.append(self.attention_kernel)
-        if self.fused_norm is False:
-            parts.append("nofusednorm")
+        parts.extend(knob_labels(self))
         return "-".join(parts)

@@ -43,6 +43,7 @@ from pipette_cp.cost.evaluator.evaluate import Evaluator, evaluate
 from pipette_cp.errors import InfeasibleError, SolverTimeoutError, SpecError
 from pipette_cp.io.cluster_file import cluster_from_mapping
 from pipette_cp.search.loop import search
+from pipette_cp.search.options import SearchOptions
 from pipette_cp.solvers import SolveOptions, get_method
 from pipette_cp.specs import Instance, ModelSpec, Plan, SearchSpace, TrainingSpec
 from pipette_cp.specs.layouts import make_plan
@@ -119,7 +120,7 @@ def run_search(instance: Instance, method: str, seed: int, **kwargs: float) -> l
     """The plans, or None when nothing fits or the search space leaves no (dp, pp, tp)
     (the errors a valid instance may give)."""
     try:
-        return search(instance, method=method, top_k=3, seed=seed, **kwargs).plans  # type: ignore[arg-type]
+        return search(instance, SearchOptions(method=method, top_k=3, seed=seed, **kwargs)).plans  # type: ignore[arg-type]
     except InfeasibleError as exc:
         event("infeasible")
         note(str(exc))
@@ -152,7 +153,9 @@ def test_units_with_one_place_in_the_symmetry_breaking(method: str) -> None:
     (AttributeError: 'int' object has no attribute 'hash').  Fixed in
     ``PlacementModel.add_symmetry_breaking``: constants go to the right-hand side."""
     inst = _single_node_instance()
-    plans = search(inst, method=method, top_k=2, time_limit_s=NO_TIME_LIMIT_S, max_solves=2).plans
+    plans = search(
+        inst, SearchOptions(method=method, top_k=2, time_limit_s=NO_TIME_LIMIT_S, max_solves=2)
+    ).plans
     assert plans[0].layout().startswith("dp2-pp1-tp1")
     assert_valid_plans(inst, plans)
 
@@ -176,7 +179,7 @@ def test_a_timeout_of_one_candidate_does_not_end_the_search() -> None:
     }
     inst = tiny_instance("pairs", 6, cluster, 6, search_space=SearchSpace(use_all_gpus=False))
     with pytest.raises(InfeasibleError) as info:
-        search(inst, method="cpsat", top_k=3, time_limit_s=3)
+        search(inst, SearchOptions(method="cpsat", top_k=3, time_limit_s=3))
     assert "\n" not in str(info.value)
 
 
@@ -200,7 +203,7 @@ def test_more_units_than_places_that_fit_is_infeasible(method: str) -> None:
     with pytest.raises(InfeasibleError, match="can only go to place"):
         get_method(method)(inst, skeleton, SolveOptions(time_limit_s=NO_TIME_LIMIT_S))
     with pytest.raises(InfeasibleError):
-        search(inst, method=method, time_limit_s=NO_TIME_LIMIT_S, max_solves=2)
+        search(inst, SearchOptions(method=method, time_limit_s=NO_TIME_LIMIT_S, max_solves=2))
 
 
 # ------------------------------------------------------------------ properties

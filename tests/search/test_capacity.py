@@ -28,6 +28,7 @@ from pipette_cp.io.instance_file import load_instance
 from pipette_cp.search import enumerate_layouts, search
 from pipette_cp.search.bounds import _limit, memory_check
 from pipette_cp.search.capacity import model_capacity
+from pipette_cp.search.options import SearchOptions
 from pipette_cp.specs import Instance, SearchSpace
 from tests.conftest import small_instance
 
@@ -140,7 +141,7 @@ def test_no_time_advice_when_the_model_cannot_fit() -> None:
     """Even with no time at all, a model too big for the cluster gets the memory answer."""
     instance = _big(small_instance(gpu="v100-16gb", global_batch_size=8))
     with pytest.raises(InfeasibleError) as info:
-        search(instance, method="megatron-default", time_limit_s=1e-3)
+        search(instance, SearchOptions(method="megatron-default", time_limit_s=1e-3))
     message = str(info.value)
     assert "needs at least" in message and "such GPUs are needed, the cluster has 8" in message
     assert "time" not in message and "\n" not in message
@@ -156,7 +157,7 @@ def test_the_closest_layout_when_the_model_could_fit_but_the_space_forbids_it() 
         _worst(instance, plan) - _limit(instance) for plan in enumerate_layouts(instance, space)
     ]
     with pytest.raises(InfeasibleError) as info:
-        search(instance, method="megatron-default", space=space)
+        search(instance, SearchOptions(method="megatron-default", space=space))
     message = str(info.value)
     assert message.startswith("nothing fits in memory: the closest layout")
     assert f"needs {min(deficits) / 1e9:.2f} GB more per GPU" in message
@@ -171,4 +172,4 @@ def test_more_time_is_advised_only_when_layouts_fit_and_time_ran_out(
     assert model_capacity(instance).fits
     monkeypatch.setattr(loop, "fallback", lambda *args, **kwargs: [])  # no default plan
     with pytest.raises(InfeasibleError, match=r"no plan within the time limit.*--time-limit"):
-        search(instance, method="megatron-default", time_limit_s=1e-3)
+        search(instance, SearchOptions(method="megatron-default", time_limit_s=1e-3))

@@ -15,6 +15,7 @@ from pipette_cp.errors import SpecError
 from pipette_cp.io.instance_file import load_instance
 from pipette_cp.search import search
 from pipette_cp.search.executors import workers
+from pipette_cp.search.options import SearchOptions
 from pipette_cp.solvers import work_meter as work
 
 #: small bundled instances; budgets of a few reference seconds
@@ -36,18 +37,18 @@ def small():
 
 @pytest.fixture(scope="module")
 def first(small):
-    return search(small, time_limit_s=BUDGET_S, jobs=1, deterministic=True)
+    return search(small, SearchOptions(time_limit_s=BUDGET_S, jobs=1, deterministic=True))
 
 
 def test_two_runs_give_the_same_plans(small, first) -> None:
-    again = search(small, time_limit_s=BUDGET_S, jobs=1, deterministic=True)
+    again = search(small, SearchOptions(time_limit_s=BUDGET_S, jobs=1, deterministic=True))
     assert _dump(again) == _dump(first)
     assert again.stats.solved == first.stats.solved
     assert any(note.startswith("deterministic: 3 reference s") for note in again.stats.notes)
 
 
 def test_one_and_two_workers_give_the_same_plans(small, first) -> None:
-    parallel = search(small, time_limit_s=BUDGET_S, jobs=2, deterministic=True)
+    parallel = search(small, SearchOptions(time_limit_s=BUDGET_S, jobs=2, deterministic=True))
     assert _dump(parallel) == _dump(first)
     s, p = first.stats, parallel.stats
     assert (p.solved, p.pruned_bound, p.skipped_budget) == (s.solved, s.pruned_bound,
@@ -69,21 +70,21 @@ def test_a_slower_machine_gives_the_same_plans(small, first, monkeypatch) -> Non
 
     monkeypatch.setattr(workers, "solve_skeleton", slow_solve)
     monkeypatch.setattr(workers, "sweep_layouts", slow_sweep)
-    slowed = search(small, time_limit_s=BUDGET_S, jobs=1, deterministic=True)
+    slowed = search(small, SearchOptions(time_limit_s=BUDGET_S, jobs=1, deterministic=True))
     assert _dump(slowed) == _dump(first)
     assert slowed.stats.wall_time_s > first.stats.wall_time_s  # it was slowed
 
 
 def test_another_instance_and_method_are_deterministic() -> None:
     inst = load_instance("llama-2-7b-g3-32")
-    runs = [search(inst, method="greedy", time_limit_s=2.0, jobs=jobs, deterministic=True)
+    runs = [search(inst, SearchOptions(method="greedy", time_limit_s=2.0, jobs=jobs, deterministic=True))
             for jobs in (1, 2)]  # fmt: skip
     assert _dump(runs[0]) == _dump(runs[1])
 
 
 def test_the_milp_methods_are_refused(small) -> None:
     with pytest.raises(SpecError, match=r"^method='milp': not deterministic"):
-        search(small, method="milp", time_limit_s=1.0, deterministic=True)
+        search(small, SearchOptions(method="milp", time_limit_s=1.0, deterministic=True))
 
 
 def test_the_meter_is_a_virtual_clock() -> None:

@@ -15,6 +15,7 @@ from pipette_cp.cost.evaluator.layout_rules import placement_array
 from pipette_cp.errors import InfeasibleError, SpecError
 from pipette_cp.io.model_file import load_model
 from pipette_cp.search.loop import search
+from pipette_cp.search.options import SearchOptions
 from pipette_cp.solvers import methods
 from pipette_cp.solvers.baselines import greedy as greedy_module
 from pipette_cp.solvers.placement.repair import repair_placement, repair_units
@@ -132,8 +133,7 @@ def test_the_search_returns_the_dense_twins_plans(method: str) -> None:
     tree, dense = twins(fabric(gpu_pairs={"src": [], "dst": [], "bandwidth_bytes_per_s": []}))
     found = []
     for cluster in (tree, dense):
-        result = search(instance(cluster, tp=(2, 4), pp=(1, 2)), method=method,
-                        time_limit_s=30, top_k=3)  # fmt: skip
+        result = search(instance(cluster, tp=(2, 4), pp=(1, 2)), SearchOptions(method=method, time_limit_s=30, top_k=3))  # fmt: skip
         found.append([(p.layout(), p.placement, p.evaluation.iteration_time_s)
                       for p in result.plans])  # fmt: skip
     assert found[0] == found[1] and found[0]
@@ -236,7 +236,7 @@ def test_beyond_the_masters_the_search_repairs(monkeypatch) -> None:
         monkeypatch.setattr(module, "repair_placement", counted)
     tree, _ = twins(degraded_tree(1))
     inst = instance(tree, tp=(2,), pp=(2, 4))
-    result = search(inst, method="cpsat", time_limit_s=20, top_k=3)
+    result = search(inst, SearchOptions(method="cpsat", time_limit_s=20, top_k=3))
     assert result.plans and calls
     for plan in result.plans:  # no master ran: no bound is claimed
         assert not check_plan(inst, plan) and plan.solve_info.bound is None

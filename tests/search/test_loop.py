@@ -12,6 +12,7 @@ from pipette_cp.cost.evaluator.evaluate import Evaluator, validate_layout
 from pipette_cp.errors import InfeasibleError, LayoutError
 from pipette_cp.search import enumerate_layouts, search
 from pipette_cp.search.bounds import memory_check, time_lower_bound
+from pipette_cp.search.options import SearchOptions
 from pipette_cp.solvers import SolveOptions, get_method
 from pipette_cp.specs import SearchSpace
 from tests.conftest import small_instance
@@ -68,7 +69,7 @@ def test_search_finds_the_exhaustive_optimum() -> None:
         evaluation = evaluator.evaluate(solved)
         if evaluation.fits:
             exhaustive = min(exhaustive, evaluation.iteration_time_s)
-    result = search(instance, method="cpsat", space=SPACE, time_limit_s=120, top_k=3)
+    result = search(instance, SearchOptions(method="cpsat", space=SPACE, time_limit_s=120, top_k=3))
     best = min(evaluator.evaluate(p).iteration_time_s for p in result.plans)
     assert best == pytest.approx(exhaustive, rel=1e-9)
     for plan in result.plans:
@@ -83,4 +84,7 @@ def test_nothing_fits_names_the_deficit() -> None:
     )
     instance = instance.model_copy(update={"model": big})
     with pytest.raises(InfeasibleError, match=r"needs at least [\d.]+ GB per GPU"):
-        search(instance, method="megatron-default", space=SPACE.model_copy(update={"tp": (1,)}))
+        search(
+            instance,
+            SearchOptions(method="megatron-default", space=SPACE.model_copy(update={"tp": (1,)})),
+        )

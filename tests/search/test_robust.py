@@ -16,6 +16,7 @@ from pipette_cp.cli.robust import snapshot_paths
 from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.cluster_file import write_cluster_file
 from pipette_cp.search import search
+from pipette_cp.search.options import SearchOptions
 from pipette_cp.search.robust import (
     planning_cluster,
     planning_matrix,
@@ -120,13 +121,13 @@ def _middle_hop_links(plan: Plan) -> set[tuple[int, int]]:
 def test_robust_plan_avoids_links_that_degrade_in_snapshot_two(factor: float) -> None:
     inst = _pipeline_instance()
     first = inst.cluster
-    single = search(inst, method="greedy", top_k=1, time_limit_s=30).plans[0]
+    single = search(inst, SearchOptions(method="greedy", top_k=1, time_limit_s=30)).plans[0]
     degraded = _middle_hop_links(single)
     matrix = first.bandwidth_bytes_per_s.copy()
     for a, b in degraded:
         matrix[a, b] *= factor
     snaps = [first, _snapshot(first, matrix, "degraded")]
-    result = robust_search(inst, snaps, method="greedy", time_limit_s=30)
+    result = robust_search(inst, snaps, SearchOptions(method="greedy", time_limit_s=30))
     best = result.plans[0]
     single_worst = max(snapshot_times(inst, snaps, [single])[0])
     robust_worst = max(result.times_s[0])
@@ -150,7 +151,7 @@ def test_robust_plan_avoids_links_that_degrade_in_snapshot_two(factor: float) ->
 def test_score_plans_ranks_by_the_quantile_snapshot() -> None:
     inst = _pipeline_instance()
     base = inst.cluster
-    plans = search(inst, method="greedy", top_k=3, time_limit_s=30).plans
+    plans = search(inst, SearchOptions(method="greedy", top_k=3, time_limit_s=30)).plans
     snaps = [_snapshot(base, base.bandwidth_bytes_per_s * f, f"x{f}") for f in (1.0, 0.25, 0.5)]
     times = snapshot_times(inst, snaps, plans)
     result = score_plans(inst, snaps, plans, quantile=0.5)

@@ -11,6 +11,7 @@ from pipette_cp.cost.evaluator.evaluate import Evaluator
 from pipette_cp.errors import LayoutError, SpecError
 from pipette_cp.report.launch import write_launch_files
 from pipette_cp.search.loop import search
+from pipette_cp.search.options import SearchOptions
 from pipette_cp.search.selection import idle_nodes, lift, restrict
 from pipette_cp.solvers.methods import exact_placement
 from pipette_cp.solvers.options import SolveOptions
@@ -79,7 +80,7 @@ def test_excluded_nodes_by_name_and_bad_names() -> None:
 
 def test_search_leaves_the_slow_node_idle_and_says_why() -> None:
     instance = _slow_nic_instance()
-    result = search(instance, time_limit_s=8, seed=0)
+    result = search(instance, SearchOptions(time_limit_s=8, seed=0))
     best = result.plans[0]
     used_nodes = {g // 4 for unit in best.placement for g in unit}
     assert 1 not in used_nodes and best.num_gpus == 8
@@ -89,7 +90,9 @@ def test_search_leaves_the_slow_node_idle_and_says_why() -> None:
     # the claim under the table: the plan on all 12 GPUs is really slower (by its number)
     text = idle.describe(best.evaluation.iteration_time_s)
     assert instance.cluster.node_names[1] in text and "% slower" in text
-    all_gpus = search(_space(instance, use_all_gpus=True), time_limit_s=8, seed=0).plans[0]
+    all_gpus = search(
+        _space(instance, use_all_gpus=True), SearchOptions(time_limit_s=8, seed=0)
+    ).plans[0]
     assert all_gpus.num_gpus == 12
     assert all_gpus.evaluation.iteration_time_s > best.evaluation.iteration_time_s
 
@@ -98,7 +101,7 @@ def test_excluded_node_holds_no_rank_and_the_checker_agrees() -> None:
     instance = _slow_nic_instance(slow=0, factor=1.0)  # uniform: only the exclusion decides
     name = instance.cluster.node_names[2]
     excluded = _space(instance, exclude_nodes=(name,))
-    result = search(excluded, time_limit_s=6, seed=0)
+    result = search(excluded, SearchOptions(time_limit_s=6, seed=0))
     for plan in result.plans:
         assert all(g // 4 != 2 for unit in plan.placement for g in unit)
         assert not check_plan(excluded, plan)
@@ -141,8 +144,10 @@ def test_subset_placement_optimal_claims_match_the_oracle(backend, dp, pp, tp) -
 
 def test_throughput_per_gpu_objective_weighs_gpus() -> None:
     instance = _slow_nic_instance(slow=0, factor=1.0)
-    by_time = search(instance, time_limit_s=6, seed=0).plans[0]
-    per_gpu = search(_space(instance, objective="throughput-per-gpu"), time_limit_s=6, seed=0)
+    by_time = search(instance, SearchOptions(time_limit_s=6, seed=0)).plans[0]
+    per_gpu = search(
+        _space(instance, objective="throughput-per-gpu"), SearchOptions(time_limit_s=6, seed=0)
+    )
     best = per_gpu.plans[0]
     cost = [p.evaluation.iteration_time_s * p.num_gpus for p in per_gpu.plans]
     assert cost == sorted(cost)
@@ -152,7 +157,7 @@ def test_throughput_per_gpu_objective_weighs_gpus() -> None:
 
 def test_launch_files_list_only_the_used_hosts(tmp_path) -> None:
     instance = _slow_nic_instance()
-    plan = search(instance, time_limit_s=6, seed=0).plans[0]
+    plan = search(instance, SearchOptions(time_limit_s=6, seed=0)).plans[0]
     write_launch_files(instance, plan, tmp_path)
     hosts = set((tmp_path / "slurm_hostfile").read_text().split())
     used = {instance.cluster.node_names[g // 4] for unit in plan.placement for g in unit}

@@ -8,6 +8,7 @@ import pytest
 from pipette_cp.checker.checks import check_plan
 from pipette_cp.errors import SolverTimeoutError
 from pipette_cp.search.loop import search
+from pipette_cp.search.options import SearchOptions
 from pipette_cp.solvers import METHODS, SolveOptions
 from pipette_cp.specs import Instance, Plan
 from tests.conftest import small_instance
@@ -25,7 +26,7 @@ def always_times_out():
 
 def test_a_method_that_finds_nothing_still_yields_fitting_heuristic_plans(always_times_out):
     inst = small_instance()
-    result = search(inst, method=always_times_out, top_k=3, time_limit_s=5)
+    result = search(inst, SearchOptions(method=always_times_out, top_k=3, time_limit_s=5))
     assert result.plans and result.stats.method_failures > 0
     for plan in result.plans:
         assert plan.solve_info is not None and plan.solve_info.status == "heuristic"
@@ -37,7 +38,7 @@ def test_a_method_that_finds_nothing_still_yields_fitting_heuristic_plans(always
 
 def test_exact_method_plans_report_status_and_consistent_gap() -> None:
     inst = small_instance()
-    result = search(inst, method="cpsat", top_k=3, time_limit_s=10)
+    result = search(inst, SearchOptions(method="cpsat", top_k=3, time_limit_s=10))
     for plan in result.plans:
         info = plan.solve_info
         assert info is not None and info.status in {"optimal", "feasible", "heuristic"}

@@ -15,6 +15,7 @@ import pipette_cp.cli.solve as cli_solve
 from pipette_cp.cli import app
 from pipette_cp.errors import InfeasibleError, SpecError
 from pipette_cp.search import search
+from pipette_cp.search.options import SearchOptions
 from pipette_cp.solvers import METHODS, SolveOptions
 from pipette_cp.solvers import milp_engine as engine_module
 from pipette_cp.solvers.milp_engine import (
@@ -132,7 +133,7 @@ def test_methods_and_search_refuse_an_unavailable_engine_before_any_work(
         with pytest.raises(SpecError, match="CPLEX is not installed"):
             METHODS[method](inst, plan, options)
     with pytest.raises(SpecError, match="milp_solver='cplex'"):
-        search(inst, method="milp", time_limit_s=5, milp_solver="cplex")
+        search(inst, SearchOptions(method="milp", time_limit_s=5, milp_solver="cplex"))
     METHODS["greedy"](inst, plan, options)  # the other methods never start it
 
 
@@ -296,15 +297,15 @@ def test_cli_refuses_a_bad_milp_solver_in_one_line(
 def test_cli_passes_the_milp_solver_on(monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
     given: dict[str, Any] = {}
 
-    def stop(*args: Any, **kwargs: Any) -> None:
-        given.update(kwargs)
+    def stop(instance: Any, options: SearchOptions) -> None:
+        given["milp_solver"] = options.milp_solver
         raise InfeasibleError("stopped by the test")
 
-    monkeypatch.setattr(cli_solve, "solve_with_stats", stop)
+    monkeypatch.setattr(cli_solve, "solve_with_options", stop)
     args = ["solve", "gpt3-1.3b-nominal-8", "--method", "milp", "--milp-solver", engine]
     result = runner.invoke(app, args)
     assert result.exit_code == 3 and given["milp_solver"] == engine
-    monkeypatch.setattr(cli_solve, "solve_with_stats", stop)
+    monkeypatch.setattr(cli_solve, "solve_with_options", stop)
     assert runner.invoke(app, ["solve", "gpt3-1.3b-nominal-8"]).exit_code == 3
     assert given["milp_solver"] == DEFAULT_ENGINE
 

@@ -18,8 +18,14 @@ import numpy as np
 from pipette_cp.cost.stack.attention_variants import check_attention_variants
 from pipette_cp.errors import LayoutError
 from pipette_cp.specs.instance import Instance
+from pipette_cp.specs.knobs import Job, Phase, knob_rules, knobs_key
 from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.selection import excluded_nodes, usable_gpus
+
+__all__ = [
+    "FlowTemplate", "check_experts", "check_knobs", "check_placement", "flow_template",
+    "knobs_key", "num_micro_batches", "placement_array", "validate_layout",
+]  # fmt: skip
 
 
 def placement_array(plan: Plan) -> np.ndarray:
@@ -33,32 +39,34 @@ def num_micro_batches(instance: Instance, plan: Plan) -> int:
     return instance.training.global_batch_size // (plan.dp * plan.micro_batch_size)
 
 
-def knobs_key(plan: Plan) -> tuple:
-    """Everything of a plan but its placement (the cache key of placement-free costs)."""
-    return (
-        plan.dp, plan.pp, plan.tp, plan.micro_batch_size, plan.vpp, plan.sequence_parallel,
-        plan.recompute, plan.sharding, plan.flash_attention, plan.layer_split,
-        plan.attention_kernel, plan.fused_norm, plan.shard_group, plan.cp, plan.ep, plan.etp,
-    )  # fmt: skip
-
-
 def check_knobs(instance: Instance, plan: Plan) -> None:
     """Raise :class:`LayoutError` for the first failing check that ignores the placement.
 
-    In order: context- and expert-parallel rules (:func:`check_context_and_experts`);
-    the attention variants' kernels (:func:`~pipette_cp.cost.stack.attention_variants.check_attention_variants`);
-    tp within a node (beyond a node: a multiple of gpus_per_node dividing the GPUs of an NVLink domain) and dividing the attention
-    and key/value heads; dp * pp * tp GPUs; dp * micro-batch dividing the global
-    batch; the layer split; interleaving (pp > 1, pp dividing the micro-batches
-    as Megatron requires).
+    In order: context parallelism (2 cp dividing the sequence), then the knobs' rules of
+    :attr:`~pipette_cp.specs.knobs.Phase.CONTEXT`; expert parallelism
+    (:func:`check_experts`), then the knobs' rules for experts; the attention variants'
+    kernels (:func:`~pipette_cp.cost.stack.attention_variants.check_attention_variants`);
+    tp within a node (beyond a node: a multiple of gpus_per_node dividing the GPUs of an
+    NVLink domain) and dividing the attention and key/value heads; dp * pp * tp GPUs; the
+    knobs' batch rules (dp * micro-batch dividing the global batch); the layer split; the
+    knobs' schedule rules (interleaving: pp > 1 dividing the micro-batches as Megatron
+    requires; sharding).  The knobs' rules are declared with them
+    (:data:`pipette_cp.specs.knobs.KNOBS`).
     """
     model, cluster, training = instance.model, instance.cluster, instance.training
-    dp, pp, tp, mb, vpp = plan.dp, plan.pp, plan.tp, plan.micro_batch_size, plan.vpp
+    dp, pp, tp = plan.dp, plan.pp, plan.tp
     g, n, used = cluster.gpus_per_node, cluster.num_gpus, plan.num_gpus
-    gbs = training.global_batch_size
     heads, kv = model.num_attention_heads, model.kv_heads
     product = f"dp={dp} x pp={pp} x tp={tp}" + (f" x cp={plan.cp}" if plan.cp > 1 else "")
-    check_context_and_experts(model, training, plan)
+    job = Job(model, training, instance.search_space)
+    cp, seq = plan.cp, training.seq_length
+    if cp > 1 and seq % (2 * cp):
+        raise LayoutError("plan.cp", cp, f"cp={cp}: 2 x cp = {2 * cp} must divide "
+                          f"seq_length={seq} (load-balanced causal chunks)")  # fmt: skip
+    _knob_rules(Phase.CONTEXT, job, plan)
+    check_experts(model, plan)
+    _knob_rules(Phase.EXPERT_STATE, job, plan)
+    _knob_rules(Phase.EXPERT_TENSOR, job, plan)
     # latent attention, sliding windows, sinks, multi-token prediction: what the stack runs
     check_attention_variants(model, training, plan, cluster.gpu_types.values())
     if tp > g:
@@ -75,49 +83,27 @@ def check_knobs(instance: Instance, plan: Plan) -> None:
         raise LayoutError("plan.dp*pp*tp", used,
                           f"{product} = {used} GPUs, but the nodes not excluded "
                           f"have {usable} GPUs" + (" (use_all_gpus: true)" if used < usable else ""))  # fmt: skip
-    if gbs % (dp * mb):
-        raise LayoutError("plan.micro_batch_size", mb,
-                          f"dp={dp} x micro_batch_size={mb} = {dp * mb} must divide global_batch_size={gbs}")  # fmt: skip
+    _knob_rules(Phase.BATCH, job, plan)
     if (layers := sum(plan.layer_split)) != model.num_layers:
         raise LayoutError("plan.layer_split", plan.layer_split,
                           f"sums to {layers} layers, expected num_layers={model.num_layers}")  # fmt: skip
-    if vpp > 1 and pp == 1:
-        raise LayoutError("plan.vpp", vpp, f"vpp={vpp} > 1 needs pp > 1, got pp=1")
-    if vpp > 1 and (m := gbs // (dp * mb)) % pp:
-        raise LayoutError("plan.vpp", vpp,
-                          f"vpp={vpp}: interleaving needs pp={pp} to divide the {m} micro-batches (Megatron)")  # fmt: skip
-    if (size := plan.dp_shard_size) is not None:
-        if plan.sharding == "none":
-            raise LayoutError("plan.dp_shard_size", size,
-                              "hybrid sharding needs a sharding level (dp_sharding optim or above)")  # fmt: skip
-        if plan.replicas % size:
-            what = f"dp={dp}" if plan.cp == 1 else f"dp x cp={plan.replicas}"
-            raise LayoutError("plan.dp_shard_size", size, f"must divide {what}")
-    if plan.sharding in ("optim_grads", "optim_grads_params") and pp > 1:
-        # DeepSpeed: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"; the
-        # gradients of every micro-batch would be reduced while the pipeline holds others.
-        raise LayoutError("plan.dp_sharding", plan.sharding,
-                          f"sharding gradients (optim_grads, optim_grads_params) needs pp=1, got pp={pp}")  # fmt: skip
+    _knob_rules(Phase.SCHEDULE, job, plan)
 
 
-def check_context_and_experts(model: Any, training: Any, plan: Plan) -> None:
-    """Megatron-Core's rules for context and expert parallelism.
+def _knob_rules(phase: Phase, job: Job, plan: Plan) -> None:
+    for rule in knob_rules(phase):
+        rule.check(job, plan)
 
-    cp: the sequence splits into ``2 cp`` chunks (causal load balancing: rank ``i``
-    holds chunks ``i`` and ``2 cp - 1 - i``), so ``2 cp`` must divide seq_length, and
-    the attention is a fused kernel (context parallelism lives in Transformer Engine's).
-    ep / etp: a dense model has no experts (ep = 1, etp unset or tp); for a
-    mixture-of-experts model ep divides num_experts, etp the expert FFN size, and
-    ep x etp the stage's tp x cp x dp ranks; tensor parallelism with experts needs
-    sequence parallelism (Megatron's validate_args).
+
+def check_experts(model: Any, plan: Plan) -> None:
+    """Megatron-Core's rules for expert parallelism.
+
+    A dense model has no experts (ep = 1, etp unset or tp); for a mixture-of-experts
+    model ep divides num_experts, etp the expert FFN size, and ep x etp the stage's
+    tp x cp x dp ranks.  (Context parallelism's: 2 cp dividing the sequence, so that it
+    splits into 2 cp load-balanced causal chunks, in :func:`check_knobs`.)
     """
-    cp, seq, tp = plan.cp, training.seq_length, plan.tp
-    if cp > 1 and seq % (2 * cp):
-        raise LayoutError("plan.cp", cp, f"cp={cp}: 2 x cp = {2 * cp} must divide "
-                          f"seq_length={seq} (load-balanced causal chunks)")  # fmt: skip
-    if cp > 1 and not plan.flash_attention:  # Megatron-Core's CP runs inside TE's fused attention
-        raise LayoutError("plan.flash_attention", False, f"cp={cp} needs a fused attention "
-                          "kernel (Transformer Engine's context-parallel attention)")  # fmt: skip
+    tp, cp = plan.tp, plan.cp
     if not model.is_moe:
         if plan.ep > 1:
             raise LayoutError("plan.ep", plan.ep, "expert parallelism needs a mixture-of-experts "
@@ -135,12 +121,6 @@ def check_context_and_experts(model: Any, training: Any, plan: Plan) -> None:
         ranks = tp * cp * plan.dp
         raise LayoutError("plan.ep", plan.ep, f"ep={plan.ep} x etp={etp} must divide the "
                           f"tp x cp x dp = {ranks} ranks of a pipeline stage")  # fmt: skip
-    if plan.sharding in ("optim_grads", "optim_grads_params"):
-        raise LayoutError("plan.dp_sharding", plan.sharding, "sharding gradients or parameters "
-                          "of a mixture-of-experts model is not modelled (use none or optim)")  # fmt: skip
-    if tp > 1 and not plan.sequence_parallel:
-        raise LayoutError("plan.sequence_parallel", False, f"a mixture-of-experts model with "
-                          f"tp={tp} needs sequence_parallel (Megatron)")  # fmt: skip
 
 
 def _check_wide_tp(cluster: Any, tp: int) -> None:
@@ -205,10 +185,10 @@ def check_placement(instance: Instance, plan: Plan, gpus: np.ndarray) -> None:
 def validate_layout(instance: Instance, plan: Plan, gpus: np.ndarray | None = None) -> None:
     """Raise :class:`LayoutError` if ``plan`` cannot run this model on this cluster.
 
-    Checks, in order: context and expert parallelism; tp within a node and dividing the attention
-    and key/value heads; dp * pp * tp GPUs; dp * micro-batch dividing the
-    global batch; the layer split; interleaving (pp > 1, pp dividing the
-    micro-batches as Megatron requires); the placement (ids in range, no GPU
+    Checks, in order: :func:`check_knobs` (context and expert parallelism; tp within a
+    node and dividing the attention and key/value heads; dp * pp * tp GPUs; dp *
+    micro-batch dividing the global batch; the layer split; interleaving and sharding);
+    the placement (ids in range, no GPU
     twice, each unit inside one node, or one NVLink domain).  ``gpus`` is :func:`placement_array`
     if already computed.  Example message:
     ``plan.tp=3: tp=3 must divide num_attention_heads=8``.

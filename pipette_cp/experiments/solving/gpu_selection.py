@@ -40,6 +40,7 @@ from pipette_cp.io.instance_file import load_instance
 from pipette_cp.io.model_file import load_model
 from pipette_cp.io.paths import INSTANCES_DIR
 from pipette_cp.search.loop import SearchResult, default_time_limit_s, search
+from pipette_cp.search.options import SearchOptions
 from pipette_cp.search.selection import idle_nodes
 from pipette_cp.solvers import SolveOptions, get_method
 from pipette_cp.solvers.methods import exact_placement
@@ -134,7 +135,7 @@ def _best(instance: Instance, method: str, limit: float, **space: object) -> Sea
         update={"search_space": instance.search_space.model_copy(update=space)}
     )
     try:
-        return search(inst, method=method, top_k=1, time_limit_s=limit, seed=0)
+        return search(inst, SearchOptions(method=method, top_k=1, time_limit_s=limit, seed=0))
     except PipetteError:  # a method that finds nothing: reported as inf, not fatal
         return None
 
@@ -184,7 +185,8 @@ def gaps() -> None:
     total = with_gap = layouts = layouts_gap = 0
     for name in GAP_INSTANCES:
         instance = load_instance(name)
-        result = search(instance, top_k=5, time_limit_s=default_time_limit_s(instance), seed=0)
+        limit = default_time_limit_s(instance)
+        result = search(instance, SearchOptions(top_k=5, time_limit_s=limit, seed=0))
         infos = [p.solve_info for p in result.plans if p.solve_info is not None]
         solved = [i for i in infos if i.status != "heuristic"]
         gapped = [i.gap for i in solved if i.gap is not None]

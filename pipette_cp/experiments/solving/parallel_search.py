@@ -17,7 +17,7 @@ import argparse
 import time
 
 from pipette_cp.io.instance_file import load_instance
-from pipette_cp.search import search
+from pipette_cp.search import SearchOptions, search
 from pipette_cp.search.loop import default_time_limit_s
 
 DEFAULT = ("llama-3-70b-g2-512", "llama-2-70b-g3-512", "gpt3-175b-g1-1024", "gpt-sc21-39b-g3-1024")
@@ -30,7 +30,9 @@ def run(name: str, jobs: int, ratio: float, executor: str) -> str:
     rows = []
     for workers, limit in ((1, budget), (jobs, ratio * budget), (1, ratio * budget)):
         start = time.perf_counter()
-        result = search(instance, time_limit_s=limit, jobs=workers, executor=executor)
+        result = search(
+            instance, SearchOptions(time_limit_s=limit, jobs=workers, executor=executor)
+        )
         wall = time.perf_counter() - start
         best = result.plans[0]
         assert best.evaluation is not None

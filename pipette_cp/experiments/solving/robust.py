@@ -39,7 +39,7 @@ import math
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import yaml
@@ -48,6 +48,7 @@ from pipette_cp.clusters.generators.registry import generate_timeline
 from pipette_cp.errors import InfeasibleError
 from pipette_cp.io.instance_file import load_instance
 from pipette_cp.search.loop import search
+from pipette_cp.search.options import SearchOptions
 from pipette_cp.search.robust import robust_search, snapshot_times, with_cluster
 from pipette_cp.specs import Instance, Plan, SearchSpace, TrainingSpec, validate_spec
 
@@ -100,10 +101,10 @@ def benchmark_instance(name: str, global_batch: int | None) -> Instance:
     return validate_spec(Instance, {**dict(inst), **update}, "instance")
 
 
-def _best(instance: Instance, **kwargs: Any) -> list[Plan]:
+def _best(instance: Instance, options: SearchOptions) -> list[Plan]:
     """The search's plans; none if it found nothing within its budget."""
     try:
-        return search(instance, **kwargs).plans
+        return search(instance, options).plans
     except InfeasibleError:
         return []
 
@@ -127,20 +128,20 @@ def run_timeline(
     )
     t = window - 1
     past, future = snaps[:window], snaps[window:]
-    kwargs: dict[str, Any] = {"method": method, "time_limit_s": time_limit_s, "seed": 0}
+    options = SearchOptions(method=method, time_limit_s=time_limit_s, seed=0)
     now = with_cluster(instance, snaps[t])
     single_plans = (
-        _best(now, top_k=10, **kwargs)
-        or search(now, top_k=10, **{**kwargs, "time_limit_s": 2 * time_limit_s}).plans
+        _best(now, replace(options, top_k=10))
+        or search(now, replace(options, top_k=10, time_limit_s=2 * time_limit_s)).plans
     )  # a loaded machine can spend a short budget before the first solve
     robust = robust_search(
-        instance, past, quantile=quantile, reference=None, extra_plans=single_plans, **kwargs
+        instance, past, options, quantile=quantile, reference=None, extra_plans=single_plans
     )
     single, chosen = single_plans[0], robust.plans[0]
     times = snapshot_times(instance, [snaps[t], *future], [single, *robust.plans])
     best = [min(col) for col in zip(*(row[1:] for row in times), strict=True)]
     for j, snap in enumerate(future):  # the clairvoyant plan for each future snapshot
-        oracle = _best(with_cluster(instance, snap), top_k=1, **kwargs)
+        oracle = _best(with_cluster(instance, snap), replace(options, top_k=1))
         if oracle:
             best[j] = min(best[j], snapshot_times(instance, [snap], oracle[:1])[0][0])
     return TimelineResult(

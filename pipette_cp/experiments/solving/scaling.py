@@ -57,13 +57,13 @@ def build(gpus: int, seed: int = 0) -> Any:
 def solve_one(gpus: int, budget: float, jobs: int) -> dict[str, Any]:
     """Run the search on one size in this process; the row of the report."""
     from pipette_cp.cost.evaluator.evaluate import Evaluator
-    from pipette_cp.search import search
+    from pipette_cp.search import SearchOptions, search
     from pipette_cp.specs.layouts import megatron_placement
 
     start = time.perf_counter()
     instance = build(gpus)
     built = time.perf_counter() - start
-    result = search(instance, time_limit_s=budget, jobs=jobs)
+    result = search(instance, SearchOptions(time_limit_s=budget, jobs=jobs))
     wall = time.perf_counter() - start
     best = result.plans[0]
     assert best.evaluation is not None

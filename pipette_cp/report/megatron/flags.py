@@ -28,6 +28,7 @@ from pipette_cp.report.megatron.check import check_megatron_argv
 from pipette_cp.report.megatron.moe_flags import architecture_flags, moe_notes, parallel_flags
 from pipette_cp.solvers.split import megatron_split_args
 from pipette_cp.specs import Instance, Plan
+from pipette_cp.specs.knobs import KNOBS
 from pipette_cp.units import GiB
 
 #: One flag and its value (None for a switch).
@@ -249,39 +250,19 @@ def fusion_args(instance: Instance) -> list[str]:
 
 
 def megatron_flags(instance: Instance, plan: Plan) -> list[Flag]:
-    """Every flag: parallel sizes (tp, pp, cp, ep, etp), batch, interleaving, SP, recompute,
-    sharding, kernels, overlaps, split, then the model (:func:`model_flags`)."""
+    """Every flag: parallel sizes (tp, pp, cp, ep, etp), then each knob's (batch, SP,
+    recompute, sharding, ...: :attr:`pipette_cp.specs.knobs.Knob.megatron`), kernels,
+    overlaps, split with the interleaving, then the model (:func:`model_flags`)."""
     t = instance.training
     flags: list[Flag] = [
         ("--tensor-model-parallel-size", str(plan.tp)),
         ("--pipeline-model-parallel-size", str(plan.pp)),
         *parallel_flags(instance, plan),  # cp, ep, etp (dense with cp = ep = 1: none)
-        ("--micro-batch-size", str(plan.micro_batch_size)),
-        ("--global-batch-size", str(t.global_batch_size)),
     ]
+    for knob in KNOBS:
+        if knob.megatron is not None:
+            flags += knob.megatron(t, plan)
     sequence_parallel = plan.sequence_parallel and plan.tp > 1  # Megatron: only with TP
-    if sequence_parallel:
-        flags.append(("--sequence-parallel", None))
-    if plan.recompute == "selective":
-        flags.append(("--recompute-granularity", "selective"))
-    elif plan.recompute == "full":
-        flags += [
-            ("--recompute-granularity", "full"),
-            ("--recompute-method", "uniform"),
-            ("--recompute-num-layers", "1"),
-        ]
-    if plan.distributed_optimizer:
-        flags.append(("--use-distributed-optimizer", None))
-    if plan.sharding in ("optim_grads", "optim_grads_params"):
-        # Megatron-FSDP (Megatron-Core >= 0.11) names the ZeRO levels this way
-        flags += [
-            ("--use-megatron-fsdp", None),
-            ("--data-parallel-sharding-strategy", plan.sharding),
-        ]
-    if plan.hybrid:  # HSDP: one copy of the sharded state per group of shard_group DP ranks
-        flags.append(("--num-distributed-optimizer-instances", str(plan.dp // plan.shard_group)))
-        if plan.sharding in ("optim_grads", "optim_grads_params"):
-            flags.append(("--outer-dp-sharding-strategy", "no_shard"))
     for text in attention_args(instance, plan) + fusion_args(instance):
         flag, _, value = text.partition(" ")
         flags.append((flag, value or None))

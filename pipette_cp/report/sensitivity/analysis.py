@@ -31,6 +31,7 @@ from pipette_cp.cost.evaluator.evaluate import Evaluator
 from pipette_cp.errors import SpecError
 from pipette_cp.report.sensitivity.links import node_masks, pair_mask, plan_links, scaled_instance
 from pipette_cp.specs import ClusterSpec, Evaluation, Instance, Plan
+from pipette_cp.specs.knobs import plan_key
 
 __all__ = [
     "MATTERS_PCT",
@@ -304,17 +305,12 @@ def _link_mask(cluster: ClusterSpec, link: LinkSensitivity) -> np.ndarray:
     return (first[:, None] & second[None, :]) | (second[:, None] & first[None, :])
 
 
-def _knob_key(plan: Plan) -> Plan:
-    """``plan`` without its evaluation, provenance and instance (for equality)."""
-    return plan.model_copy(update={"evaluation": None, "solve_info": None, "instance": ""})
-
-
 def _headroom(scorer: _Scorer, link: LinkSensitivity, alternatives: Sequence[Plan]) -> Headroom:
     """Bisect the largest bandwidth multiplier of ``link`` at which an alternative plan is
     faster than the plan (every plan scored on the same scaled cluster)."""
     mask = _link_mask(scorer.instance.cluster, link)
-    mine = _knob_key(scorer.plan)
-    others = [p for p in alternatives if _knob_key(p) != mine]
+    mine = plan_key(scorer.plan)  # the same plan, whatever its evaluation or provenance
+    others = [p for p in alternatives if plan_key(p) != mine]
     if not others:
         return Headroom(link, None, None, "", "no other plan given")
 

@@ -7,21 +7,25 @@ from collections.abc import Sequence
 from pipette_cp.errors import SpecError
 from pipette_cp.search.executors.ray_actors import RayRunner
 from pipette_cp.search.executors.workers import InlineRunner, ProcessRunner, Runner, check_jobs
+from pipette_cp.search.options import SearchOptions
 from pipette_cp.specs import Instance, Plan
 
 #: Where the search's work runs (``--executor``).
 EXECUTORS = ("local", "ray")
 
 
-def make_runner(
-    instance: Instance, method: str, layouts: Sequence[Plan], jobs: int,
-    executor: str = "local", address: str | None = None,
-) -> Runner:  # fmt: skip
-    """The runner of ``jobs`` workers, each holding ``instance``, the method and the
-    search's ``layouts`` (work refers to them by index): this process for one local
-    worker, else worker processes; ``executor="ray"``: Ray actors
-    (:mod:`~pipette_cp.search.executors.ray_actors`, ``address`` of a running cluster or a local
-    one)."""
+def make_runner(instance: Instance, layouts: Sequence[Plan], options: SearchOptions) -> Runner:
+    """The runner of ``options.jobs`` workers, each holding ``instance``, the method and
+    the search's ``layouts`` (work refers to them by index): this process for one local
+    worker, else worker processes; ``options.executor="ray"``: Ray actors
+    (:mod:`~pipette_cp.search.executors.ray_actors`, at ``options.ray_address`` of a
+    running cluster or a local one)."""
+    method, jobs, executor, address = (
+        options.method,
+        options.jobs,
+        options.executor,
+        options.ray_address,
+    )
     check_jobs(jobs)
     if executor == "ray":
         return RayRunner(instance, method, layouts, jobs, address)

@@ -20,6 +20,7 @@ from pipette_cp.cost.network import collectives as comm
 from pipette_cp.cost.network.groups import alltoall_times_s, cp_ring_bandwidths, group_flows
 from pipette_cp.cost.workload.tokens import dispatch_bytes, moe_layers_by_chunk
 from pipette_cp.errors import InfeasibleError, LayoutError
+from pipette_cp.search.options import SearchOptions
 from pipette_cp.search.space import enumerate_layouts
 from pipette_cp.specs import Instance, ModelSpec, TrainingSpec, resolve_gpu
 from pipette_cp.specs.layouts import make_plan
@@ -249,7 +250,7 @@ def test_the_bundled_moe_instance_gets_a_fitting_expert_parallel_plan():
     inst = load_instance(path)
     space = inst.search_space.model_copy(update={"tp": (4,), "ep": (8,), "etp": (1,),
                                                  "recompute": ("none",), "vpp": (1,)})  # fmt: skip
-    result = search(inst, space=space, top_k=1, time_limit_s=20, max_solves=1)
+    result = search(inst, SearchOptions(space=space, top_k=1, time_limit_s=20, max_solves=1))
     plan = result.plans[0]
     assert plan.ep == 8 and plan.evaluation is not None and plan.evaluation.fits
     assert check_plan(inst, plan) == []

@@ -14,6 +14,7 @@ from pipette_cp.io.instance_file import load_instance
 from pipette_cp.search import phases, search
 from pipette_cp.search.executors.ray_actors import check_address
 from pipette_cp.search.executors.workers import check_jobs, solve_skeleton
+from pipette_cp.search.options import SearchOptions
 from pipette_cp.specs import SearchSpace
 from pipette_cp.suite import BenchStore, make_executor, prepare_jobs, run_bench
 
@@ -34,11 +35,11 @@ def small():
 
 @pytest.fixture(scope="module")
 def sequential(small):
-    return search(small, time_limit_s=60, jobs=1)
+    return search(small, SearchOptions(time_limit_s=60, jobs=1))
 
 
 def test_two_workers_give_the_sequential_plans(small, sequential) -> None:
-    parallel = search(small, time_limit_s=60, jobs=2)
+    parallel = search(small, SearchOptions(time_limit_s=60, jobs=2))
     assert _plans(parallel) == _plans(sequential)
     assert parallel.stats.solved == sequential.stats.solved
     assert not parallel.stats.notes or "interrupted" not in " ".join(parallel.stats.notes)
@@ -76,7 +77,7 @@ def test_a_dead_worker_is_reported_and_its_layout_retried(small, sequential, tmp
                                                            monkeypatch) -> None:  # fmt: skip
     monkeypatch.setenv("PIPETTE_TEST_MARKERS", str(tmp_path))
     monkeypatch.setattr(phases, "solve_skeleton", _dies_once)
-    result = search(small, time_limit_s=60, jobs=2)
+    result = search(small, SearchOptions(time_limit_s=60, jobs=2))
     notes = " ".join(result.stats.notes)
     assert "each runs again alone" in notes or "retried" in notes
     # every layout solved on its retry (its share was set before the crash, so under load
@@ -88,7 +89,7 @@ def test_a_dead_worker_is_reported_and_its_layout_retried(small, sequential, tmp
 
 def test_a_worker_that_dies_twice_skips_the_layout_without_hanging(small, monkeypatch) -> None:
     monkeypatch.setattr(phases, "solve_skeleton", _always_dies)
-    result = search(small, time_limit_s=30, jobs=2)
+    result = search(small, SearchOptions(time_limit_s=30, jobs=2))
     assert "a worker died twice on" in " ".join(result.stats.notes)
     assert result.stats.method_failures >= 1
     assert result.plans  # the greedy sweep's plans remain
@@ -98,7 +99,7 @@ def test_a_hung_solve_restarts_the_workers(small, tmp_path, monkeypatch) -> None
     monkeypatch.setenv("PIPETTE_TEST_MARKERS", str(tmp_path))
     monkeypatch.setattr(phases, "solve_skeleton", _hangs_once)
     monkeypatch.setattr(phases, "HANG_GRACE_S", 0.5)
-    result = search(small, time_limit_s=60, jobs=2, max_solves=2)
+    result = search(small, SearchOptions(time_limit_s=60, jobs=2, max_solves=2))
     assert "a worker hung" in " ".join(result.stats.notes)
     assert result.plans
 
@@ -109,7 +110,7 @@ def _overruns(skeleton, options):
 
 def test_a_solve_past_the_budget_is_dropped_not_waited_for(small, monkeypatch) -> None:
     monkeypatch.setattr(phases, "solve_skeleton", _overruns)
-    result = search(small, time_limit_s=12, jobs=2)
+    result = search(small, SearchOptions(time_limit_s=12, jobs=2))
     notes = " ".join(result.stats.notes)
     # dropped at the budget's end, not waited for as a hang (30 s) and retried
     assert "still running when the budget ended: dropped" in notes and "hung" not in notes
@@ -134,17 +135,17 @@ def test_the_last_solve_takes_the_cores_that_would_idle(small, tmp_path, monkeyp
                       sequence_parallel=(True,), recompute=("none",),
                       distributed_optimizer=(True,), flash_attention=(True,),
                       use_all_gpus=True)  # fmt: skip
-    result = search(small, time_limit_s=30, jobs=2, space=one)
+    result = search(small, SearchOptions(time_limit_s=30, jobs=2, space=one))
     assert [p.layout() for p in result.plans] == ["dp2-pp2-tp2-mb1-sp-do"]
     assert _threads(log) == [2]  # one layout: the second core joins its CP-SAT search
     log.unlink()
-    search(small, time_limit_s=60, jobs=2)
+    search(small, SearchOptions(time_limit_s=60, jobs=2))
     threads = _threads(log)
     # a core is never taken from another solve: only the last one handed out (among the
     # last two to start) may have two
     assert len(threads) > 2 and set(threads[:-2]) == {1} and threads.count(2) <= 1
     log.unlink()
-    search(small, time_limit_s=30, jobs=1, space=one)
+    search(small, SearchOptions(time_limit_s=30, jobs=1, space=one))
     assert _threads(log) == [1]
 
 
@@ -155,7 +156,7 @@ def test_ctrl_c_after_the_first_plan_returns_the_best_plan_so_far(small) -> None
         calls.append(gap)
         raise KeyboardInterrupt
 
-    result = search(small, time_limit_s=60, jobs=2, on_best=on_best)
+    result = search(small, SearchOptions(time_limit_s=60, jobs=2, on_best=on_best))
     assert result.stats.interrupted and result.plans
     assert len(calls) == 1 and calls[0] is not None and 0 <= calls[0] < 1
     times = [p.evaluation.iteration_time_s for p in result.plans]
@@ -168,7 +169,7 @@ def test_ctrl_c_before_any_plan_propagates(small) -> None:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        search(small, time_limit_s=60, jobs=2, progress=progress)
+        search(small, SearchOptions(time_limit_s=60, jobs=2, progress=progress))
 
 
 @pytest.mark.parametrize(
@@ -192,7 +193,7 @@ def local_ray():
 
 
 def test_ray_gives_the_local_pools_plans(small, sequential, local_ray) -> None:
-    result = search(small, time_limit_s=60, jobs=2, executor="ray")
+    result = search(small, SearchOptions(time_limit_s=60, jobs=2, executor="ray"))
     assert _plans(result) == _plans(sequential)
 
 

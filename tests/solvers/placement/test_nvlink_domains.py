@@ -22,6 +22,7 @@ from pipette_cp.errors import LayoutError, SpecError
 from pipette_cp.io.cluster_file import cluster_from_mapping, read_cluster_file, write_cluster_file
 from pipette_cp.io.model_file import load_model
 from pipette_cp.search.loop import search
+from pipette_cp.search.options import SearchOptions
 from pipette_cp.search.space import check_degrees, degrees, tensor_sizes
 from pipette_cp.solvers import placement
 from pipette_cp.solvers.options import SolveOptions
@@ -306,7 +307,7 @@ def test_a_solved_tp8_placement_is_the_evaluators_time() -> None:
 
 def test_the_search_finds_tp8_when_it_is_fastest() -> None:
     instance = on(racks(), pp=[1])  # no pipeline: dp2-tp8 beats dp4-tp4 and dp8-tp2
-    found = search(instance, top_k=3, time_limit_s=10)
+    found = search(instance, SearchOptions(top_k=3, time_limit_s=10))
     best = found.plans[0]
     assert best.tp == 8 and {g // 4 for g in best.placement[0]} == {0, 1}
     assert check_plan(instance, best) == []

@@ -1,0 +1,248 @@
+"""The memory knobs: sequence parallelism, recomputation and data-parallel sharding."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from pipette_cp.errors import LayoutError
+from pipette_cp.specs.knobs.base import Degrees, Flag, Job, Knob, Phase, PlanFlag, Rule, SpaceFlag
+from pipette_cp.specs.training import GRADIENT_SHARDING, Recompute, Sharding, TrainingSpec
+
+
+# ------------------------------------------------------------- sequence parallelism
+class _SequenceParallel(Degrees, Protocol):
+    @property
+    def sequence_parallel(self) -> bool: ...
+
+
+def _sp_choices(job: Job, layout: Degrees) -> list[bool]:
+    """On / off where tp > 1 (without tensor parallelism it is the same as off); on only
+    for a mixture-of-experts model with tp > 1 (Megatron's rule)."""
+    if job.model.is_moe and layout.tp > 1:
+        return [True]
+    return sorted({sp and layout.tp > 1 for sp in job.space.sequence_parallel}, reverse=True)
+
+
+def _sp_with_experts(job: Job, plan: _SequenceParallel) -> None:
+    if job.model.is_moe and plan.tp > 1 and not plan.sequence_parallel:
+        raise LayoutError("plan.sequence_parallel", False, f"a mixture-of-experts model with "
+                          f"tp={plan.tp} needs sequence_parallel (Megatron)")  # fmt: skip
+
+
+def _sp_megatron(training: TrainingSpec, plan: _SequenceParallel) -> list[Flag]:
+    """``--sequence-parallel`` with tensor parallelism only (Megatron turns it off at tp 1)."""
+    return [("--sequence-parallel", None)] if plan.sequence_parallel and plan.tp > 1 else []
+
+
+SEQUENCE_PARALLEL: Knob[_SequenceParallel] = Knob(
+    name="sequence_parallel",
+    fields=("sequence_parallel",),
+    space_fields=("sequence_parallel",),
+    choices=_sp_choices,
+    rules=(Rule(Phase.EXPERT_TENSOR, _sp_with_experts),),
+    label=lambda plan: ("sp",) if plan.sequence_parallel else (),
+    megatron=_sp_megatron,
+    predict_flags=(
+        PlanFlag(
+            "sequence_parallel", "sp", ("--sp/--no-sp",), "Sequence parallelism.", bool, False
+        ),
+    ),
+)
+
+
+# ------------------------------------------------------------------- recomputation
+class _Recomputed(Protocol):
+    @property
+    def recompute(self) -> Recompute: ...
+
+
+_RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
+_RECOMPUTE_LABEL = {"selective": "sel", "full": "full"}
+
+
+def _recompute_megatron(training: TrainingSpec, plan: _Recomputed) -> list[Flag]:
+    if plan.recompute == "selective":
+        return [("--recompute-granularity", "selective")]
+    if plan.recompute == "full":
+        return [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+                ("--recompute-num-layers", "1")]  # fmt: skip
+    return []
+
+
+RECOMPUTE: Knob[_Recomputed] = Knob(
+    name="recompute",
+    fields=("recompute",),
+    space_fields=("recompute",),
+    choices=lambda job, layout: job.space.recompute,
+    label=lambda plan: (_RECOMPUTE_LABEL[plan.recompute],) if plan.recompute != "none" else (),
+    megatron=_recompute_megatron,
+    lightest=lambda space: space.recompute or _RECOMPUTE,
+    predict_flags=(
+        PlanFlag("recompute", "recompute", (), "Activation recomputation.", _RECOMPUTE, "none"),
+    ),
+)
+
+
+# ------------------------------------------------------------ data-parallel sharding
+class _Sharded(Degrees, Protocol):
+    @property
+    def distributed_optimizer(self) -> bool: ...
+    @property
+    def dp_sharding(self) -> Sharding | None: ...
+    @property
+    def dp_shard_size(self) -> int | None: ...
+    @property
+    def sharding(self) -> Sharding: ...
+    @property
+    def shard_group(self) -> int: ...
+    @property
+    def hybrid(self) -> bool: ...
+    @property
+    def replicas(self) -> int: ...
+
+
+_SHARDINGS: tuple[Sharding, ...] = ("none", "optim", "optim_grads", "optim_grads_params")
+#: Layout labels of the sharding levels (none has none).
+_SHARDING_LABEL = {"optim": "do", "optim_grads": "zero2", "optim_grads_params": "zero3"}
+
+
+def _sharding_levels(job: Job, replicas: int, pp: int) -> list[Sharding]:
+    """The levels worth trying: ``space.dp_sharding`` (or, when unset, none/optim from
+    ``space.distributed_optimizer``); every level needs dp x cp > 1, gradient sharding
+    also pp = 1; most sharded first."""
+    space = job.space
+    if space.dp_sharding is None:
+        wanted: list[Sharding] = ["optim" if do else "none" for do in space.distributed_optimizer]
+    else:
+        wanted = list(space.dp_sharding)
+    ok = [
+        level
+        for level in wanted
+        if level == "none" or (replicas > 1 and (pp == 1 or level not in GRADIENT_SHARDING))
+    ]
+    rank = ("optim_grads_params", "optim_grads", "optim", "none")
+    return sorted(set(ok or ["none"]), key=rank.index)
+
+
+def _shard_groups(job: Job, level: Sharding, replicas: int) -> list[int | None]:
+    """Shard groups of a level: all dp x cp ranks (None), and the space's HSDP sizes that
+    divide them and are smaller."""
+    sizes = job.space.dp_shard_size
+    if level == "none" or sizes is None:
+        return [None]
+    return [None, *(g for g in sizes if g < replicas and replicas % g == 0)]
+
+
+def _sharding_choices(job: Job, layout: Degrees) -> list[tuple[bool, Sharding, int | None]]:
+    """(distributed_optimizer, dp_sharding, dp_shard_size) of every level and shard group."""
+    replicas = layout.dp * layout.cp
+    return [
+        (level != "none", level, group)
+        for level in _sharding_levels(job, replicas, layout.pp)
+        for group in _shard_groups(job, level, replicas)
+    ]
+
+
+def _sharding_with_experts(job: Job, plan: _Sharded) -> None:
+    if job.model.is_moe and plan.sharding in GRADIENT_SHARDING:
+        raise LayoutError("plan.dp_sharding", plan.sharding, "sharding gradients or parameters "
+                          "of a mixture-of-experts model is not modelled (use none or optim)")  # fmt: skip
+
+
+def _hybrid_groups(job: Job, plan: _Sharded) -> None:
+    if (size := plan.dp_shard_size) is None:
+        return
+    if plan.sharding == "none":
+        raise LayoutError("plan.dp_shard_size", size,
+                          "hybrid sharding needs a sharding level (dp_sharding optim or above)")  # fmt: skip
+    if plan.replicas % size:
+        what = f"dp={plan.dp}" if plan.cp == 1 else f"dp x cp={plan.replicas}"
+        raise LayoutError("plan.dp_shard_size", size, f"must divide {what}")
+
+
+def _gradients_without_pipeline(job: Job, plan: _Sharded) -> None:
+    # DeepSpeed: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"; the
+    # gradients of every micro-batch would be reduced while the pipeline holds others.
+    if plan.sharding in GRADIENT_SHARDING and plan.pp > 1:
+        raise LayoutError("plan.dp_sharding", plan.sharding,
+                          f"sharding gradients (optim_grads, optim_grads_params) needs pp=1, got pp={plan.pp}")  # fmt: skip
+
+
+def _sharding_label(plan: _Sharded) -> tuple[str, ...]:
+    level = (_SHARDING_LABEL[plan.sharding],) if plan.distributed_optimizer else ()
+    return (*level, f"hsdp{plan.shard_group}") if plan.hybrid else level
+
+
+def _sharding_megatron(training: TrainingSpec, plan: _Sharded) -> list[Flag]:
+    """The distributed optimizer; Megatron-FSDP's names of ZeRO-2/3 (Megatron-Core >=
+    0.11); HSDP as one copy of the sharded state per group of shard_group DP ranks."""
+    flags: list[Flag] = (
+        [("--use-distributed-optimizer", None)] if plan.distributed_optimizer else []
+    )
+    if plan.sharding in GRADIENT_SHARDING:
+        flags += [("--use-megatron-fsdp", None),
+                  ("--data-parallel-sharding-strategy", plan.sharding)]  # fmt: skip
+    if plan.hybrid:
+        flags.append(("--num-distributed-optimizer-instances", str(plan.dp // plan.shard_group)))
+        if plan.sharding in GRADIENT_SHARDING:
+            flags.append(("--outer-dp-sharding-strategy", "no_shard"))
+    return flags
+
+
+SHARDING: Knob[_Sharded] = Knob(
+    name="sharding",
+    fields=("distributed_optimizer", "dp_sharding", "dp_shard_size"),
+    space_fields=("distributed_optimizer", "dp_sharding", "dp_shard_size"),
+    choices=_sharding_choices,
+    rules=(
+        Rule(Phase.EXPERT_STATE, _sharding_with_experts),
+        Rule(Phase.SCHEDULE, _hybrid_groups),
+        Rule(Phase.SCHEDULE, _gradients_without_pipeline),
+    ),
+    label=_sharding_label,
+    key=("sharding", "shard_group"),
+    megatron=_sharding_megatron,
+    solve_flags=(
+        SpaceFlag(
+            "dp_sharding",
+            "--dp-sharding",
+            "Data-parallel sharding levels to try, e.g. optim,optim_grads_params "
+            "(none, optim, optim_grads, optim_grads_params).",
+            "words",
+        ),
+        SpaceFlag(
+            "dp_shard_size",
+            "--dp-shard-size",
+            "Hybrid sharding (HSDP) shard-group sizes to try, e.g. 8.",
+            "ints",
+        ),
+    ),
+    predict_flags=(
+        PlanFlag(
+            "distributed_optimizer",
+            "dist_opt",
+            ("--dist-opt/--no-dist-opt",),
+            "Distributed optimizer.",
+            bool,
+            False,
+        ),
+        PlanFlag(
+            "dp_sharding",
+            "dp_sharding",
+            (),
+            "Data-parallel sharding: none, optim (ZeRO-1), optim_grads (ZeRO-2), "
+            "optim_grads_params (ZeRO-3); overrides --dist-opt.",
+            _SHARDINGS,
+        ),
+        PlanFlag(
+            "dp_shard_size",
+            "dp_shard_size",
+            ("--dp-shard-size",),
+            "Hybrid sharding (HSDP): shard over groups of this many DP ranks, replicate "
+            "across them [default: shard over all].",
+            int,
+        ),
+    ),
+)
+
+KNOBS = (SEQUENCE_PARALLEL, RECOMPUTE, SHARDING)
