@@ -35,7 +35,11 @@ from pipette_cp.cost.compute.layer_work import check_profile, layer_fp8_cast_byt
 from pipette_cp.cost.compute.stage_extras import boundary_times as _boundary_times
 from pipette_cp.cost.compute.stage_extras import mtp_times, tp_collective_time_s
 from pipette_cp.cost.stack.calibration import GpuCalibration, calibration_for, peak_flops
-from pipette_cp.cost.stack.frameworks import attention_scale, framework_calibration
+from pipette_cp.cost.stack.frameworks import (
+    attention_scale,
+    framework_calibration,
+    optimizer_update_bytes,
+)
 from pipette_cp.cost.stack.kernels import (
     SOFTMAX_BYTES,
     attention_kernel,
@@ -346,7 +350,8 @@ def optimizer_step_time_s(
 
     Fused Adam over the local shard reads the fp32 gradient, master weight and two
     moments and writes the last three plus the bf16 weight (30 B/param; SGD with
-    momentum 22 B), the gradient-norm pass reads the gradient (4 B), and the
+    momentum 22 B; :func:`~pipette_cp.cost.stack.frameworks.optimizer_update_bytes`),
+    the gradient-norm pass reads the gradient (4 B), and the
     gradient buffer of every local parameter is zeroed (4 B).  The distributed
     optimizer updates 1/(dp cp) of the dense parameters, 1/expert_dp of the experts'.
     """
@@ -356,5 +361,5 @@ def optimizer_step_time_s(
     # the distributed optimizer: dense state over dp x cp, the experts' over expert dp
     shard = dense / plan.shard_group + experts / expert_shard_group(plan) \
         if plan.distributed_optimizer else params  # fmt: skip
-    update = 30.0 if training.optimizer == "adam" else 22.0
+    update = optimizer_update_bytes(training, plan)
     return _hbm_time_s(shard * (update + 4.0) + 4.0 * params, gpu, cal)

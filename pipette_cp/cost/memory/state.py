@@ -7,7 +7,7 @@ framework's bytes per parameter are :mod:`pipette_cp.cost.stack.frameworks`.
 
 from __future__ import annotations
 
-from pipette_cp.cost.stack.frameworks import resolve_framework
+from pipette_cp.cost.stack.frameworks import optimizer_state_bytes, resolve_framework
 from pipette_cp.cost.stack.kernels import keeps_fp8_tensors
 from pipette_cp.cost.workload.parameters import (
     expert_shard_group,
@@ -57,8 +57,7 @@ def stage_fp8_weight_bytes(
 
 def _state_bytes(training: TrainingSpec, plan: Plan, group: int) -> tuple[float, float, float]:
     fw = resolve_framework(training.framework)
-    moments = fw.optimizer_state_bytes * (1.0 if training.optimizer == "adam" else 0.5)
-    optimizer = fw.master_weight_bytes + moments
+    optimizer = sum(optimizer_state_bytes(training, plan))  # master weights and moments
     weights, grads = fw.weight_bytes, fw.gradient_bytes
     sharding = plan.sharding
     if sharding != "none":

@@ -22,6 +22,7 @@ from typing import Any
 
 from pipette_cp.cost.stack.calibration import GpuCalibration
 from pipette_cp.errors import SpecError
+from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.training import FrameworkProfile, TrainingSpec
 
 
@@ -201,6 +202,26 @@ def resolve_framework(profile: FrameworkProfile) -> Framework:
     if "compute_efficiency" in given:  # one value for every GPU family
         given["gpu_efficiency"] = ()
     return replace(base, **given) if given else base
+
+
+#: HBM bytes a fused optimizer update moves per parameter of its shard: Adam reads the
+#: fp32 gradient, master weight and two moments and writes the last three and the bf16
+#: weight (30 B); SGD with momentum one moment fewer (22 B).
+OPTIMIZER_UPDATE_BYTES = {"adam": 30.0, "sgd": 22.0}
+
+
+def optimizer_state_bytes(training: TrainingSpec, plan: Plan) -> tuple[float, float]:
+    """(master weight, moments) bytes per parameter of the optimizer state, before any
+    sharding: the framework's (Adam two moments, SGD one)."""
+    fw = resolve_framework(training.framework)
+    moments = fw.optimizer_state_bytes * (1.0 if training.optimizer == "adam" else 0.5)
+    return fw.master_weight_bytes, moments
+
+
+def optimizer_update_bytes(training: TrainingSpec, plan: Plan) -> float:
+    """HBM bytes the optimizer update moves per parameter of its shard
+    (:data:`OPTIMIZER_UPDATE_BYTES`)."""
+    return OPTIMIZER_UPDATE_BYTES[training.optimizer]
 
 
 def framework_calibration(cal: GpuCalibration, training: TrainingSpec) -> GpuCalibration:
