@@ -207,6 +207,14 @@ class Plan(FrozenSpec):
         "groups (Megatron --num-distributed-optimizer-instances = dp / dp_shard_size; PyTorch "
         "FSDP HYBRID_SHARD); None: over all dp ranks.",
     )
+    precision_aware_optimizer: bool = Field(
+        default=False,
+        description="Megatron-Core's precision-aware optimizer with bf16 Adam moments "
+        "(--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16): "
+        "Transformer Engine's FusedAdam keeps both moments in bf16 and the fp32 master "
+        "weights as the 16 bits the bf16 weights lack (store_param_remainders); needs the "
+        "distributed optimizer and Adam.",
+    )
     flash_attention: bool = Field(default=True, description="FlashAttention kernels.")
     layer_split: tuple[int, ...] = Field(description="Layers per model chunk, length pp * vpp.")
     placement: Annotated[tuple[tuple[int, ...], ...], WrapValidator(_keep_shared)] = Field(

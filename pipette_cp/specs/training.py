@@ -322,6 +322,11 @@ class SearchSpace(FrozenSpec):
         default=None,
         description="Fused norm kernels on / off to try; None: as training.fused_norm.",
     )
+    precision_aware_optimizer: tuple[bool, ...] = Field(
+        default=(False,),
+        description="Megatron's precision-aware optimizer (bf16 Adam moments) off / on to try, "
+        "where the distributed optimizer runs.",
+    )
     use_all_gpus: bool | None = Field(
         default=None,
         description="true: dp x pp x tp equals the GPUs of the nodes not excluded; false: it "
@@ -372,6 +377,7 @@ class SearchSpace(FrozenSpec):
         "dp_sharding",
         "attention_kernel",
         "fused_norm",
+        "precision_aware_optimizer",
     )
     @classmethod
     def _not_empty(cls, values: tuple | None) -> tuple | None:

@@ -210,18 +210,38 @@ def resolve_framework(profile: FrameworkProfile) -> Framework:
 OPTIMIZER_UPDATE_BYTES = {"adam": 30.0, "sgd": 22.0}
 
 
+def _keeps_remainders(training: TrainingSpec) -> bool:
+    """Whether the precision-aware optimizer holds the master weights as 16-bit
+    remainders: Megatron-Core gives Transformer Engine's FusedAdam the master weights
+    (``master_weights``, ``store_param_remainders``, TE >= 2.1) unless FP8 runs a recipe
+    other than delayed scaling, where the distributed optimizer keeps its fp32 copy."""
+    return training.precision != "fp8" or (training.fp8_recipe or "delayed") == "delayed"
+
+
 def optimizer_state_bytes(training: TrainingSpec, plan: Plan) -> tuple[float, float]:
     """(master weight, moments) bytes per parameter of the optimizer state, before any
-    sharding: the framework's (Adam two moments, SGD one)."""
+    sharding: the framework's (Adam two moments, SGD one); with the precision-aware
+    optimizer the moments in bf16 (half) and the master weights as the 16 bits the bf16
+    weight lacks (half, :func:`_keeps_remainders`)."""
     fw = resolve_framework(training.framework)
     moments = fw.optimizer_state_bytes * (1.0 if training.optimizer == "adam" else 0.5)
-    return fw.master_weight_bytes, moments
+    master = fw.master_weight_bytes
+    if plan.precision_aware_optimizer:
+        moments /= 2
+        master /= 2 if _keeps_remainders(training) else 1
+    return master, moments
 
 
 def optimizer_update_bytes(training: TrainingSpec, plan: Plan) -> float:
     """HBM bytes the optimizer update moves per parameter of its shard
-    (:data:`OPTIMIZER_UPDATE_BYTES`)."""
-    return OPTIMIZER_UPDATE_BYTES[training.optimizer]
+    (:data:`OPTIMIZER_UPDATE_BYTES`).  The precision-aware optimizer reads and writes
+    the two moments in bf16 (8 B less) and, with remainders, the master weight as the
+    bf16 weight and its remainder, written in place (the separate bf16 write, 2 B, gone):
+    Adam 20 B (22 B without remainders)."""
+    update = OPTIMIZER_UPDATE_BYTES[training.optimizer]
+    if plan.precision_aware_optimizer:
+        update -= 8.0 + (2.0 if _keeps_remainders(training) else 0.0)
+    return update
 
 
 def framework_calibration(cal: GpuCalibration, training: TrainingSpec) -> GpuCalibration:

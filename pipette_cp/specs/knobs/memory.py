@@ -245,4 +245,82 @@ SHARDING: Knob[_Sharded] = Knob(
     ),
 )
 
-KNOBS = (SEQUENCE_PARALLEL, RECOMPUTE, SHARDING)
+
+# ------------------------------------------------------ precision-aware optimizer
+class _PrecisionAware(Degrees, Protocol):
+    @property
+    def precision_aware_optimizer(self) -> bool: ...
+    @property
+    def sharding(self) -> Sharding: ...
+
+
+#: The frameworks whose optimizer is Megatron-Core's (Transformer Engine's FusedAdam).
+_MEGATRON_CORE = ("megatron-core", "megatron-lm", "nemo")
+
+
+def _precision_aware_refusal(job: Job, sharding: Sharding) -> str | None:
+    """Why the precision-aware optimizer cannot run (None: it can).  Megatron-Core's
+    OptimizerConfig: Adam and the distributed optimizer only; modelled for bf16 weights
+    (their remainders) without Megatron-FSDP's ZeRO-2/3."""
+    t = job.training
+    if t.optimizer != "adam":
+        return f"needs Adam (Transformer Engine's FusedAdam), training.optimizer is {t.optimizer}"
+    if t.precision == "fp16":
+        return "is modelled for bf16 weights (precision bf16 or fp8), precision is fp16"
+    if t.framework.name not in _MEGATRON_CORE:
+        return f"is Megatron-Core's (framework {', '.join(_MEGATRON_CORE)}), not {t.framework.name}"
+    if sharding != "optim":
+        return f"needs the distributed optimizer (dp_sharding optim), dp_sharding is {sharding}"
+    return None
+
+
+def _precision_aware_choices(job: Job, layout: _Sharded) -> list[bool]:
+    runs = _precision_aware_refusal(job, layout.dp_sharding or "none") is None
+    return [on for on in job.space.precision_aware_optimizer if runs or not on] or [False]
+
+
+def _precision_aware_runs(job: Job, plan: _PrecisionAware) -> None:
+    if plan.precision_aware_optimizer and (why := _precision_aware_refusal(job, plan.sharding)):
+        raise LayoutError("plan.precision_aware_optimizer", True, why)
+
+
+def _precision_aware_megatron(training: TrainingSpec, plan: _PrecisionAware) -> list[Flag]:
+    if not plan.precision_aware_optimizer:
+        return []
+    return [("--use-precision-aware-optimizer", None), ("--exp-avg-dtype", "bf16"),
+            ("--exp-avg-sq-dtype", "bf16")]  # fmt: skip
+
+
+#: Priced by :func:`pipette_cp.cost.stack.frameworks.optimizer_state_bytes` (moments and
+#: master weights) and :func:`~pipette_cp.cost.stack.frameworks.optimizer_update_bytes`.
+PRECISION_AWARE_OPTIMIZER: Knob[_PrecisionAware] = Knob(
+    name="precision_aware_optimizer",
+    fields=("precision_aware_optimizer",),
+    space_fields=("precision_aware_optimizer",),
+    choices=_precision_aware_choices,
+    rules=(Rule(Phase.SCHEDULE, _precision_aware_runs),),
+    label=lambda plan: ("bf16adam",) if plan.precision_aware_optimizer else (),
+    megatron=_precision_aware_megatron,
+    lightest=lambda space: space.precision_aware_optimizer,
+    solve_flags=(
+        SpaceFlag(
+            "precision_aware_optimizer",
+            "--bf16-adam",
+            "Precision-aware optimizer with bf16 Adam moments off / on to try: false, true or "
+            "false,true (where the distributed optimizer runs) [default: false].",
+            "words",
+        ),
+    ),
+    predict_flags=(
+        PlanFlag(
+            "precision_aware_optimizer",
+            "bf16_adam",
+            ("--bf16-adam/--no-bf16-adam",),
+            "Precision-aware optimizer with bf16 Adam moments (needs --dist-opt).",
+            bool,
+            False,
+        ),
+    ),
+)
+
+KNOBS = (SEQUENCE_PARALLEL, RECOMPUTE, SHARDING, PRECISION_AWARE_OPTIMIZER)
