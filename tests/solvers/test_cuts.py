@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pipette_cp.clusters.generators.registry import generate
@@ -31,6 +31,7 @@ from pipette_cp.specs.layouts import make_plan
     st.integers(0, 2**16),
 )
 @settings(max_examples=60, deadline=None)
+@example(slopes=[30, 59, 2, 61, 41, 63], seed=65534)  # a slope of 2 read as 1.9999 (rounding)
 def test_cut_at_a_tie_of_steep_and_flat_slopes_is_valid(slopes, seed) -> None:
     """``max_k (slopes rolled by k) . x`` at a point where every piece ties."""
     n = len(slopes)
@@ -42,7 +43,9 @@ def test_cut_at_a_tie_of_steep_and_flat_slopes_is_valid(slopes, seed) -> None:
     rng = np.random.default_rng(seed)
     cut = supporting_cut(f, np.ones(n), rng=rng)
     assert cut(np.ones(n)) == pytest.approx(f(np.ones(n)), rel=1e-6)  # tight at the tie
-    assert any(np.allclose(cut.gradient, r, rtol=1e-5) for r in rows)  # one piece's slopes
+    # one piece's slopes, each within the rounding bound the cut states for it
+    assert cut.error is not None
+    assert any((np.abs(cut.gradient - r) <= cut.error + 1e-9 * np.abs(r)).all() for r in rows)
     for p in rng.random((200, n)) * 2:
         assert cut(p) <= f(p) * (1 + 1e-6)
 
