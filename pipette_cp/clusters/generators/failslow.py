@@ -29,7 +29,13 @@ import numpy as np
 from pipette_cp.clusters.generators.fabric import Fabric
 from pipette_cp.clusters.generators.healthy import healthy_a100
 from pipette_cp.clusters.generators.noise import group_log_factor, upper_pairs
-from pipette_cp.clusters.generators.params import call_builder, factor, number, parameters_of
+from pipette_cp.clusters.generators.params import (
+    call_builder,
+    factor,
+    factor_range,
+    number,
+    parameters_of,
+)
 from pipette_cp.errors import SpecError
 
 
@@ -147,23 +153,11 @@ def failslow(
             base_params["persistent_share"],
             "is set by correlation for failslow; set correlation instead",
         )
-    events = SlowEvents(
-        nodes=nodes,
-        link_fraction=number(f"{kind}.slow_link_fraction", slow_link_fraction, 0.0, 0.5),
-        nic_fraction=number(f"{kind}.slow_nic_fraction", slow_nic_fraction, 0.0, 0.5),
-        nic_pair_fraction=number(
-            f"{kind}.slow_nic_pair_fraction", slow_nic_pair_fraction, 0.0, 1.0
-        ),
-        persistence=rho,
-        factor_low=factor(f"{kind}.slow_factor_low", slow_factor_low),
-        factor_high=factor(f"{kind}.slow_factor_high", slow_factor_high),
-    )
-    if events.factor_high < events.factor_low:
-        raise SpecError(
-            f"{kind}.slow_factor_high",
-            slow_factor_high,
-            f"must be >= slow_factor_low={slow_factor_low:g}",
-        )
+    link = number(f"{kind}.slow_link_fraction", slow_link_fraction, 0.0, 0.5)
+    nic = number(f"{kind}.slow_nic_fraction", slow_nic_fraction, 0.0, 0.5)
+    nic_pair = number(f"{kind}.slow_nic_pair_fraction", slow_nic_pair_fraction, 0.0, 1.0)
+    low, high = factor_range(kind, "slow_factor", slow_factor_low, slow_factor_high)
+    events = SlowEvents(nodes, link, nic, nic_pair, rho, low, high)
     params = {"gpus_per_node": gpus_per_node, **base_params, "persistent_share": rho}
     fabric = call_builder(kind, healthy_a100, rng, nodes, params)
     cross = {**parameters_of(healthy_a100), **base_params}["cross_leaf_factor"]

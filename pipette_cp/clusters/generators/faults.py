@@ -11,9 +11,8 @@ from typing import Any
 import numpy as np
 
 from pipette_cp.clusters.generators.fabric import Fabric
-from pipette_cp.clusters.generators.healthy import h100_multileaf, healthy_a100
+from pipette_cp.clusters.generators.healthy import filled_fabric, h100_multileaf, healthy_a100
 from pipette_cp.clusters.generators.noise import (
-    filled_groups,
     pick_failed,
     pick_pairs,
     set_symmetric,
@@ -25,8 +24,8 @@ from pipette_cp.clusters.generators.params import (
     call_builder,
     choice,
     factor,
+    factor_range,
     integer,
-    leaf_fabric,
     leaf_generator,
     number,
 )
@@ -93,12 +92,7 @@ def degraded(
     kind = "degraded"
     base = choice(f"{kind}.base", base, tuple(DEGRADED_BASES))
     fraction = number(f"{kind}.degraded_fraction", degraded_fraction, 0.0, 0.5)
-    low = factor(f"{kind}.degraded_factor_low", degraded_factor_low)
-    high = factor(f"{kind}.degraded_factor_high", degraded_factor_high)
-    if high < low:
-        raise SpecError(
-            f"{kind}.degraded_factor_high", high, f"must be >= degraded_factor_low={low:g}"
-        )
+    low, high = factor_range(kind, "degraded_factor", degraded_factor_low, degraded_factor_high)
     every = number(f"{kind}.straggler_every", straggler_every, 1.0, 1e9)
     straggler_share = number(f"{kind}.straggler_pair_fraction", straggler_pair_fraction, 0.0, 1.0)
     failed_share = number(f"{kind}.failed_fraction", failed_fraction, 0.0, 0.5)
@@ -142,18 +136,17 @@ def oversubscribed(
     Inside a pod the fabric is non-blocking (G1's A100 + HDR numbers); a pair across
     pods gets ``min(1, 1 / (oversubscription x load_fraction))`` of that (docs/design.md,
     section 5): when a fraction ``u`` of the pod's injection bandwidth crosses an
-    uplink stage oversubscribed ``o``:1, each flow gets ``1/(o u)`` of its rate.
+    uplink stage oversubscribed ``o``:1, each flow gets ``1/(o u)`` of its rate.  The
+    servers are G1's (:func:`~pipette_cp.clusters.generators.healthy.healthy_a100`).
 
     Parameters
     ----------
-    rng : numpy.random.Generator
-        The random stream.
-    nodes : int
-        Number of servers (> ``pod_size``: at least two pods, so one node is refused).
-    gpus_per_node, gpu, nics_per_node, nic_gbytes_per_s, intra_node_gbytes_per_s
+    {common}
+    intra_node_gbytes_per_s : float
         As :func:`~pipette_cp.clusters.generators.healthy.healthy_a100` (G1).
     pod_size : int
-        Nodes per pod, filled in hostfile order (8: an assumption, one rack).
+        Nodes per pod, filled in hostfile order (8: an assumption, one rack); ``nodes``
+        must exceed it (two pods at least, so one node is refused).
     oversubscription : float
         Uplink oversubscription ``o``: 2.8, 7 or 15 (docs/design.md, section 5).
     load_fraction : float
@@ -179,14 +172,7 @@ def oversubscribed(
         raise SpecError("nodes", nodes, f"must be > pod_size={pod} for {kind} (two pods at least)")
     ratio = choice(f"{kind}.oversubscription", oversubscription, OVERSUBSCRIPTIONS)
     load = factor(f"{kind}.load_fraction", load_fraction)
-    return leaf_fabric(
-        rng,
-        common,
-        groups=filled_groups(nodes, pod),
-        level_bytes_per_s=common.nic_gbytes_per_s * GB,
-        cross_group_factor=cross_pod_factor(ratio, load),
-        intra_node=intra * GB,
-    )
+    return filled_fabric(rng, common, pod, cross_pod_factor(ratio, load), intra * GB)
 
 
 def cross_pod_factor(oversubscription: float, load_fraction: float) -> float:

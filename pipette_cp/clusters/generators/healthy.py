@@ -47,6 +47,25 @@ DGX1_NVLINKS = np.array(
 )
 
 
+def filled_fabric(
+    rng: np.random.Generator,
+    common: Common,
+    group_size: int,
+    cross_group_factor: float,
+    intra_node: float | np.ndarray,
+) -> Fabric:
+    """Switch groups of ``group_size`` nodes filled in hostfile order, the NIC bandwidth
+    inside a group and ``cross_group_factor`` x that across (G1, G4, G5)."""
+    return leaf_fabric(
+        rng,
+        common,
+        groups=filled_groups(common.nodes, group_size),
+        level_bytes_per_s=common.nic_gbytes_per_s * GB,
+        cross_group_factor=cross_group_factor,
+        intra_node=intra_node,
+    )
+
+
 def filled_leaves(
     rng: np.random.Generator,
     common: Common,
@@ -54,18 +73,11 @@ def filled_leaves(
     cross_leaf_factor: float,
     intra_node: float | np.ndarray,
 ) -> Fabric:
-    """Leaves of ``leaf_size`` nodes filled in hostfile order, the NIC bandwidth inside a
-    leaf and ``cross_leaf_factor`` x that across (G1, G5); checks the two parameters."""
+    """:func:`filled_fabric` on leaves of ``leaf_size`` nodes (G1, G5); checks the two
+    parameters."""
     leaf = integer(f"{common.kind}.leaf_size", leaf_size, 1)
     cross = factor(f"{common.kind}.cross_leaf_factor", cross_leaf_factor)
-    return leaf_fabric(
-        rng,
-        common,
-        groups=filled_groups(common.nodes, leaf),
-        level_bytes_per_s=common.nic_gbytes_per_s * GB,
-        cross_group_factor=cross,
-        intra_node=intra_node,
-    )
+    return filled_fabric(rng, common, leaf, cross, intra_node)
 
 
 @leaf_generator("healthy-a100", gpu="a100", nics_per_node=8, nic_gbytes_per_s=18.8)
@@ -79,22 +91,14 @@ def healthy_a100(
 ) -> Fabric:
     """G1: a healthy A100 cluster on an HDR InfiniBand fat tree.
 
+    Servers as Azure NDv4/NDmv4: 8 GPUs (A100-SXM4-80GB as NDmv4) and 8 HDR NICs (4 or
+    8 allowed, docs/design.md, section 5), each stream 18.8 GB/s under load
+    (docs/design.md, section 5; an idle HDR NIC reaches 23.7 GB/s: SuperBench
+    Azure-NDv4-A100 baseline.json, ``ib-loopback/ib_write_8388608_ib0_bw``).
+
     Parameters
     ----------
-    rng : numpy.random.Generator
-        The random stream (``numpy.random.default_rng(seed)``).
-    nodes : int
-        Number of servers (>= 1; one node has no inter-node pair).
-    gpus_per_node : int
-        GPUs per server (8 on Azure NDv4/NDmv4).
-    gpu : str
-        Catalogue GPU name; A100-SXM4-80GB as Azure NDmv4.
-    nics_per_node : int
-        HDR NICs per server, 4 or 8 (docs/design.md, section 5; NDv4/NDmv4 have 8).
-    nic_gbytes_per_s : float
-        What one GPU-to-GPU stream over one NIC delivers under load, GB/s: 18.8
-        (docs/design.md, section 5); an idle HDR NIC reaches 23.7 GB/s (SuperBench
-        Azure-NDv4-A100 baseline.json, ``ib-loopback/ib_write_8388608_ib0_bw``).
+    {common}
     intra_node_gbytes_per_s : float
         GPU-to-GPU NVSwitch bandwidth inside a node, GB/s: 235, the 8-GPU NCCL
         all-reduce bus bandwidth at 8 GiB (SuperBench Azure-NDv4-A100 baseline.json,
@@ -132,21 +136,14 @@ def h100_multileaf(
 ) -> Fabric:
     """G2: an H100 cluster on an NDR fabric with several leaves of uneven size.
 
+    Servers as xxrjun/nccl-tests-cluster example-cluster01: 8 GPUs (H100 80GB HBM3, as
+    the logs of that cluster state) and NDR NICs, 8 (one per GPU: not stated upstream,
+    assumed), each stream 40 GB/s under load (docs/design.md, section 5;
+    example-cluster01 pairwise ``sendrecv_perf`` at G=1: median 39.9 GB/s).
+
     Parameters
     ----------
-    rng : numpy.random.Generator
-        The random stream.
-    nodes : int
-        Number of servers (>= 1; one node has no inter-node pair).
-    gpus_per_node : int
-        GPUs per server (8 in xxrjun/nccl-tests-cluster example-cluster01).
-    gpu : str
-        Catalogue GPU name (H100 80GB HBM3, as the logs of that cluster state).
-    nics_per_node : int
-        NDR NICs per server; not stated upstream, 8 (one per GPU) is assumed.
-    nic_gbytes_per_s : float
-        What one NIC delivers per GPU under load, GB/s: 40 (docs/design.md, section 5;
-        example-cluster01 pairwise ``sendrecv_perf`` at G=1: median 39.9 GB/s).
+    {common}
     leaf_pair_gbytes_per_s : float
         Point-to-point GPU pair bandwidth between two nodes of one leaf, GB/s: 46
         (docs/design.md; example-cluster01 ``sendrecv_perf`` at G=8: 45.8-46.3 GB/s).
@@ -222,23 +219,14 @@ def v100_cube(
     """G5: V100 DGX-1 servers (hybrid cube-mesh NVLink) on EDR InfiniBand.
 
     Inside a node the GPU pairs differ (2 NVLinks / 1 NVLink / PCIe), so where a
-    tensor-parallel group sits inside the node matters.
+    tensor-parallel group sits inside the node matters.  A DGX-1 holds 8 GPUs
+    (V100-SXM2-32GB; ``gpus_per_node`` must be 8: the cube mesh is an 8-GPU topology)
+    and 4 EDR NICs (DGX-1 whitepaper: four 100 Gb/s InfiniBand EDR ports); a GPU pair
+    between nodes gets 9.4 GB/s (docs/design.md, section 5; EDR line rate 12.5 GB/s).
 
     Parameters
     ----------
-    rng : numpy.random.Generator
-        The random stream.
-    nodes : int
-        Number of servers (>= 1; one node has no inter-node pair).
-    gpus_per_node : int
-        Must be 8 (the cube mesh is an 8-GPU topology).
-    gpu : str
-        Catalogue GPU name (V100-SXM2-32GB).
-    nics_per_node : int
-        EDR NICs per DGX-1: 4 (DGX-1 whitepaper: four 100 Gb/s InfiniBand EDR ports).
-    nic_gbytes_per_s : float
-        Inter-node GPU pair bandwidth over EDR, GB/s: 9.4 (docs/design.md, section 5;
-        EDR line rate 12.5 GB/s).
+    {common}
     two_link_gbytes_per_s, one_link_gbytes_per_s, pcie_gbytes_per_s : float
         Intra-node pair bandwidth for GPUs joined by 2 NVLinks, 1 NVLink, or only
         PCIe/QPI, GB/s: 45 / 22.5 / 10 (docs/design.md, section 5; NVLink 2 is 25 GB/s

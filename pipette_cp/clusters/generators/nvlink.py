@@ -47,28 +47,21 @@ def gb200_nvl72(
 ) -> Fabric:
     """G7: GB200 NVL72 racks, one NVLink domain of 18 trays x 4 GPUs each, on InfiniBand.
 
+    A node is a compute tray: 4 GPUs (GB200-NVL72-186GB; two GB200 superchips of one
+    Grace CPU and two Blackwell GPUs each, GB200 NVL Multi-Node Tuning Guide;
+    ``gpus_per_node`` must be 4) and 4 NICs for the traffic between racks, one 400 Gb/s
+    ConnectX-7 per GPU.  A stream between two racks gets 40 GB/s under load, as the same
+    NDR 400 Gb/s class of NIC delivers on H100 clusters (docs/design.md, section 5:
+    39.9 GB/s median pairwise ``sendrecv_perf``) out of its 50 GB/s line rate;
+    ``nic_gbytes_per_s=80`` models GB300-class ConnectX-8 trays (800 Gb/s XDR).
+
     Parameters
     ----------
-    rng : numpy.random.Generator
-        The random stream.
-    nodes : int
-        Number of compute trays, a multiple of ``trays_per_rack`` (whole racks; 36 = 2
-        racks).
-    gpus_per_node : int
-        GPUs per compute tray: 4 (two GB200 superchips of one Grace CPU and two
-        Blackwell GPUs each; GB200 NVL Multi-Node Tuning Guide).
-    gpu : str
-        Catalogue GPU name (GB200-NVL72-186GB).
-    nics_per_node : int
-        NICs per tray for traffic between racks: 4, one 400 Gb/s ConnectX-7 per GPU.
-    nic_gbytes_per_s : float
-        What one GPU-to-GPU stream between two racks delivers over one NIC under load,
-        GB/s: 40, as the same NDR 400 Gb/s class of NIC delivers on H100 clusters
-        (docs/design.md, section 5: 39.9 GB/s median pairwise ``sendrecv_perf``) out of
-        its 50 GB/s line rate; 80 models GB300-class ConnectX-8 trays (800 Gb/s XDR).
+    {common}
     trays_per_rack : int
         Compute trays in one NVLink domain: 18 (NVL72; a smaller value models a partly
-        populated rack, or NVL36-like domains).
+        populated rack, or NVL36-like domains); ``nodes`` must be a multiple of it
+        (whole racks; 36 = 2 racks).
     nvlink_gbytes_per_s : float
         GPU-to-GPU NVLink 5 bandwidth inside a rack, inside a tray and between trays
         alike (every NVLink goes through the switch trays), GB/s: 900, the nominal rate

@@ -45,6 +45,23 @@ NOISE_DOC = """
         Asymmetry of one random outlier pair in clusters of 8 or more nodes
         (docs/design.md: 31 % on one pair); 0 for none."""
 
+#: Docstring of the parameters :func:`leaf_generator` adds before a generator's own, with
+#: the generator's defaults filled in (its docstring says where they come from).
+COMMON_DOC = """
+    rng : numpy.random.Generator
+        The random stream (``numpy.random.default_rng(seed)``).
+    nodes : int
+        Number of servers (>= 1; one node has no inter-node pair).
+    gpus_per_node : int
+        GPUs per server ({gpus_per_node} by default).
+    gpu : str
+        Catalogue GPU name (:func:`~pipette_cp.specs.gpu.resolve_gpu`; ``{gpu}`` by default).
+    nics_per_node : int
+        NICs per server for the traffic between nodes ({nics_per_node} by default).
+    nic_gbytes_per_s : float
+        What one GPU-to-GPU stream between two nodes delivers over one NIC under load,
+        GB/s ({nic_gbytes_per_s:g} by default)."""
+
 #: Defaults of the noise parameters of :data:`NOISE_DOC` (a generator may override some).
 NOISE_DEFAULTS: dict[str, float] = {
     "noise_sigma": 0.026,
@@ -79,6 +96,14 @@ def bandwidth(field: str, value: Any) -> float:
 def factor(field: str, value: Any) -> float:
     """``value`` as a bandwidth factor or share, in ``(0, 1]``."""
     return number(field, value, 0.0, 1.0, open_low=True)
+
+
+def factor_range(kind: str, name: str, low: Any, high: Any) -> tuple[float, float]:
+    """``<name>_low`` and ``<name>_high`` as factors (:func:`factor`), the low one first."""
+    low_, high_ = factor(f"{kind}.{name}_low", low), factor(f"{kind}.{name}_high", high)
+    if high_ < low_:
+        raise SpecError(f"{kind}.{name}_high", high, f"must be >= {name}_low={low_:g}")
+    return low_, high_
 
 
 def integer(field: str, value: Any, low: int, why: str = "") -> int:
@@ -208,8 +233,8 @@ def leaf_generator(
     (:data:`NOISE_DEFAULTS`, ``noise`` overriding some); its signature lists them all
     (:func:`parameters_of` reads it).  It checks ``nodes >= 1``, ``gpus_per_node >= 1``,
     ``nics_per_node >= 1`` and ``nic_gbytes_per_s`` in (0, 1e4], then calls ``func``
-    with the common ones as a :class:`Common`.  ``{noise}`` in ``func``'s docstring
-    becomes :data:`NOISE_DOC`.
+    with the common ones as a :class:`Common`.  In ``func``'s docstring ``{common}``
+    becomes :data:`COMMON_DOC` (with these defaults) and ``{noise}`` :data:`NOISE_DOC`.
     """
     unknown = set(noise) - set(NOISE_DEFAULTS)
     assert not unknown, f"not noise parameters: {sorted(unknown)}"
@@ -250,7 +275,10 @@ def leaf_generator(
 
         generator.__signature__ = public  # type: ignore[attr-defined]
         if func.__doc__:
-            generator.__doc__ = func.__doc__.replace("    {noise}", NOISE_DOC.strip("\n"))
+            defaults = {p.name: p.default for p in head[1:]}
+            common_doc = COMMON_DOC.strip("\n").format(**defaults)
+            doc = func.__doc__.replace("    {common}", common_doc)
+            generator.__doc__ = doc.replace("    {noise}", NOISE_DOC.strip("\n"))
         return generator
 
     return wrap
