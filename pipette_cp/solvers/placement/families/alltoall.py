@@ -22,10 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from pipette_cp.solvers.placement.data import Family, MasterView, PlacementData
+from pipette_cp.solvers.placement.data import MasterView, PlacementData
+from pipette_cp.solvers.placement.families.group_family import GroupFamily
 from pipette_cp.solvers.placement.families.group_tables import (
+    GroupTables,
     a2a_added,
-    group_reading,
     group_tables,
     per_byte_worst,
 )
@@ -38,56 +39,31 @@ from pipette_cp.solvers.placement.families.rows import (
     nodes_of,
     shared_nodes,
 )
-from pipette_cp.solvers.placement.family import Edge, Reading, Slot, TimeParts
+from pipette_cp.solvers.placement.family import Edge, Slot, TimeParts
 
 
-class ExpertAllToAll(Family):
+class ExpertAllToAll(GroupFamily):
     """The all-to-all input of every stage (module docstring)."""
 
     name = "a2a"
+    inputs = ("a2a",)
 
     def slots(self, data: PlacementData) -> Sequence[Slot]:
         g = group_tables(data)
         return (Slot("a2a", (data.plan.pp if g is not None and g.a2a else 0,)),)
 
-    def edges(self, data: PlacementData) -> list[Edge] | None:
-        g = group_tables(data)
-        return None if g is None else [(s, u, v) for s, u, v, _, _ in g.a2a_pairs]
+    def table_edges(self, g: GroupTables) -> list[Edge]:
+        return [(s, u, v) for s, u, v, _, _ in g.a2a_pairs]
 
-    def exact(self, data: PlacementData) -> bool:
-        g = group_tables(data)  # the three group families share the tables' verdict
-        return g is None or g.exact
+    def priced_rows(self, m: MasterView, g: GroupTables) -> None:
+        _add_alltoall(m)
 
-    def add_rows(self, m: MasterView) -> None:
-        g = group_tables(m.data)
-        if g is not None and "a2a" in g.priced:
-            _add_alltoall(m)
+    def add_time(self, data: PlacementData, g: GroupTables, x: np.ndarray, t: TimeParts) -> None:
+        f, b = a2a_added(g, x[data.xi["a2a"]])
+        t.forward, t.backward = t.forward + f, t.backward + b
 
-    def read(self, data: PlacementData, reading: Reading, x: np.ndarray) -> None:
-        g = group_tables(data)
-        if g is not None:
-            x[data.xi["a2a"]] = group_reading(data, g, reading).a2a
-
-    def communicate(self, data: PlacementData, x: np.ndarray, times: TimeParts) -> None:
-        a2a = data.xi["a2a"]
-        g = group_tables(data)
-        if a2a.size and g is not None:
-            f, b = a2a_added(g, x[a2a])
-            times.forward, times.backward = times.forward + f, times.backward + b
-
-    def worst(self, data: PlacementData, x: np.ndarray) -> None:
-        g = group_tables(data)
-        for i in data.xi["a2a"] if g is not None else ():
-            x[i] = self._worst(data)
-
-    def time_cap(self, data: PlacementData) -> float:
-        return self._worst(data) if data.xi["a2a"].size else 0.0
-
-    @staticmethod
-    def _worst(data: PlacementData) -> float:
+    def worst_inputs(self, data: PlacementData, g: GroupTables) -> float:
         """Each GPU sends at most ``ep - 1`` flows, each at its slowest link or NIC share."""
-        g = group_tables(data)
-        assert g is not None
         lat = data.instance.cluster.inter_node_latency_s
         return lat + g.a2a_bytes * (data.plan.ep - 1) * per_byte_worst(data)
 

@@ -14,63 +14,40 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pipette_cp.solvers.placement.data import Family, MasterView, PlacementData
+from pipette_cp.solvers.placement.data import MasterView, PlacementData
+from pipette_cp.solvers.placement.families.group_family import GroupFamily
 from pipette_cp.solvers.placement.families.group_tables import (
+    GroupTables,
     cp_exposure,
-    group_reading,
     group_tables,
     per_byte_worst,
 )
 from pipette_cp.solvers.placement.families.rows import ring_rows
-from pipette_cp.solvers.placement.family import Edge, Reading, Slot, TimeParts
+from pipette_cp.solvers.placement.family import Edge, Slot, TimeParts
 
 
-class ContextParallelRings(Family):
+class ContextParallelRings(GroupFamily):
     """The context-parallel ring step of every stage (module docstring)."""
 
     name = "cp"
     one_way = True
+    inputs = ("cps",)
 
     def slots(self, data: PlacementData) -> Sequence[Slot]:
         g = group_tables(data)
         return (Slot("cps", (data.plan.pp if g is not None and g.cp else 0,), label="cp_step_{}"),)
 
-    def edges(self, data: PlacementData) -> list[Edge] | None:
-        g = group_tables(data)
-        return None if g is None else list(g.cp_edges)
+    def table_edges(self, g: GroupTables) -> Sequence[Edge]:
+        return g.cp_edges
 
-    def exact(self, data: PlacementData) -> bool:
-        g = group_tables(data)  # the three group families share the tables' verdict
-        return g is None or g.exact
+    def priced_rows(self, m: MasterView, g: GroupTables) -> None:
+        coef = np.full(m.data.plan.pp, g.cp_chunk_bytes)
+        ring_rows(m, "cp", list(g.cp_edges), m.xi["cps"], coef, None)
 
-    def add_rows(self, m: MasterView) -> None:
-        g = group_tables(m.data)
-        if g is not None and "cp" in g.priced:
-            coef = np.full(m.data.plan.pp, g.cp_chunk_bytes)
-            ring_rows(m, "cp", list(g.cp_edges), m.xi["cps"], coef, None)
+    def add_time(self, data: PlacementData, g: GroupTables, x: np.ndarray, t: TimeParts) -> None:
+        f, b = cp_exposure(g, data.plan.cp, x[data.xi["cps"]])
+        t.forward, t.backward = t.forward + f, t.backward + b
 
-    def read(self, data: PlacementData, reading: Reading, x: np.ndarray) -> None:
-        g = group_tables(data)
-        if g is not None:
-            x[data.xi["cps"]] = group_reading(data, g, reading).cps
-
-    def communicate(self, data: PlacementData, x: np.ndarray, times: TimeParts) -> None:
-        cps = data.xi["cps"]
-        g = group_tables(data)
-        if cps.size and g is not None:
-            f, b = cp_exposure(g, data.plan.cp, x[cps])
-            times.forward, times.backward = times.forward + f, times.backward + b
-
-    def worst(self, data: PlacementData, x: np.ndarray) -> None:
-        for i in data.xi["cps"]:
-            x[i] = self._worst(data)
-
-    def time_cap(self, data: PlacementData) -> float:
-        return self._worst(data) if data.xi["cps"].size else 0.0
-
-    @staticmethod
-    def _worst(data: PlacementData) -> float:
+    def worst_inputs(self, data: PlacementData, g: GroupTables) -> float:
         """One chunk at the slowest link or NIC share."""
-        g = group_tables(data)
-        assert g is not None
         return g.cp_chunk_bytes * per_byte_worst(data)

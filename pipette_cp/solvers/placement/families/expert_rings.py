@@ -17,35 +17,32 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pipette_cp.solvers.placement.data import Family, MasterView, PlacementData
+from pipette_cp.solvers.placement.data import MasterView, PlacementData
+from pipette_cp.solvers.placement.families.group_family import GroupFamily
 from pipette_cp.solvers.placement.families.group_tables import (
+    GroupTables,
     expert_sync,
-    group_reading,
     group_tables,
     per_byte_worst,
 )
 from pipette_cp.solvers.placement.families.rows import ring_rows
-from pipette_cp.solvers.placement.family import Edge, Reading, Slot, TimeParts
+from pipette_cp.solvers.placement.family import Edge, Slot, TimeParts
 
 
-class ExpertRings(Family):
+class ExpertRings(GroupFamily):
     """The expert ring inputs of every ring class (module docstring)."""
 
     name = "ering"
     one_way = True
+    inputs = ("ering", "ecross")
 
     def slots(self, data: PlacementData) -> Sequence[Slot]:
         g = group_tables(data)
         n = data.plan.pp * g.ering_classes if g is not None else 0
         return Slot("ering", (n,)), Slot("ecross", (n,), boolean=True, label="ering_cross_{}")
 
-    def edges(self, data: PlacementData) -> list[Edge] | None:
-        g = group_tables(data)
-        return None if g is None else list(g.ering_edges)
-
-    def exact(self, data: PlacementData) -> bool:
-        g = group_tables(data)  # the three group families share the tables' verdict
-        return g is None or g.exact
+    def table_edges(self, g: GroupTables) -> Sequence[Edge]:
+        return g.ering_edges
 
     def add_inputs(self, m: MasterView) -> None:
         """Its time inputs and, with them, its crossing indicators."""
@@ -55,33 +52,15 @@ class ExpertRings(Family):
     def add_indicators(self, m: MasterView) -> None:
         del m  # made with the time inputs
 
-    def add_rows(self, m: MasterView) -> None:
-        g = group_tables(m.data)
-        if g is not None and "ering" in g.priced:
-            coef = np.repeat(g.ering_bytes, g.ering_classes)
-            ring_rows(m, "ering", list(g.ering_edges), m.xi["ering"], coef, m.xi["ecross"])
+    def priced_rows(self, m: MasterView, g: GroupTables) -> None:
+        coef = np.repeat(g.ering_bytes, g.ering_classes)
+        ring_rows(m, "ering", list(g.ering_edges), m.xi["ering"], coef, m.xi["ecross"])
 
-    def read(self, data: PlacementData, reading: Reading, x: np.ndarray) -> None:
-        g = group_tables(data)
-        if g is not None:
-            inputs = group_reading(data, g, reading)
-            x[data.xi["ering"]], x[data.xi["ecross"]] = inputs.ering, inputs.ecross
+    def add_time(self, data: PlacementData, g: GroupTables, x: np.ndarray, t: TimeParts) -> None:
+        s, a = expert_sync(data.instance, g, x[data.xi["ering"]], x[data.xi["ecross"]],
+                           data.plan.pp)  # fmt: skip
+        t.sync, t.gather = t.sync + s, t.gather + a
 
-    def communicate(self, data: PlacementData, x: np.ndarray, times: TimeParts) -> None:
-        ering = data.xi["ering"]
-        g = group_tables(data)
-        if ering.size and g is not None:
-            s, a = expert_sync(data.instance, g, x[ering], x[data.xi["ecross"]], data.plan.pp)
-            times.sync, times.gather = times.sync + s, times.gather + a
-
-    def worst(self, data: PlacementData, x: np.ndarray) -> None:
-        g = group_tables(data)
-        for k, i in enumerate(data.xi["ering"]):
-            assert g is not None
-            x[i] = float(g.ering_bytes[k // g.ering_classes]) * per_byte_worst(data)
-
-    def time_cap(self, data: PlacementData) -> float:
-        g = group_tables(data)
-        if g is None or not data.xi["ering"].size:
-            return 0.0
-        return max(float(b) * per_byte_worst(data) for b in g.ering_bytes)
+    def worst_inputs(self, data: PlacementData, g: GroupTables) -> np.ndarray:
+        """Each ring class's bytes at the slowest link or NIC share."""
+        return np.repeat(g.ering_bytes, g.ering_classes) * per_byte_worst(data)

@@ -27,7 +27,8 @@ The three group families (:mod:`~pipette_cp.solvers.placement.families.alltoall`
 :mod:`~pipette_cp.solvers.placement.families.context_rings`,
 :mod:`~pipette_cp.solvers.placement.families.expert_rings`) share these tables through
 :func:`group_tables` (built once per problem) and one reading of an assignment through
-:func:`group_reading`.
+:func:`group_reading`; their common hooks are
+:class:`~pipette_cp.solvers.placement.families.group_family.GroupFamily`'s.
 """
 
 from __future__ import annotations
