@@ -1,5 +1,5 @@
-"""Options spliced into a command's signature: ``solve``'s search-space flags and
-``predict``'s plan flags of the knobs (:attr:`~pipette_cp.specs.knobs.Knob.solve_flags`,
+"""Options spliced into a command's signature: ``solve``'s search-space flags (the sizes'
+and the knobs') and ``predict``'s plan flags of the knobs (:attr:`~pipette_cp.specs.knobs.Knob.solve_flags`,
 :attr:`~pipette_cp.specs.knobs.Knob.predict_flags`, in the knobs' order), and the
 mechanism :func:`pipette_cp.cli.options.instance_options` shares.
 
@@ -49,6 +49,15 @@ def splice(
 
 
 # ------------------------------------------------------------------- solve's flags
+#: The search space's parallel sizes, before the knobs' flags.
+DEGREE_FLAGS: tuple[SpaceFlag, ...] = (
+    SpaceFlag("tp", "--tp", "Allowed tp sizes, e.g. 2,4,8.", "ints"),
+    SpaceFlag("pp", "--pp", "Allowed pp sizes.", "ints"),
+    SpaceFlag("dp", "--dp", "Allowed dp sizes.", "ints"),
+    SpaceFlag("cp", "--cp", "Allowed context-parallel sizes.", "ints"),
+    SpaceFlag("ep", "--ep", "Allowed expert-parallel sizes.", "ints"),
+    SpaceFlag("etp", "--etp", "Allowed expert tensor-parallel sizes.", "ints"),
+)
 SPACE_FLAGS: tuple[SpaceFlag, ...] = tuple(f for knob in KNOBS for f in knob.solve_flags)
 
 
@@ -70,7 +79,7 @@ def parse_space(texts: Mapping[str, str | None]) -> dict[str, Any]:
     """The search-space fields the texts of :func:`space_options` set (None: not given),
     parsed in the options' order; a one-line error naming the option."""
     out: dict[str, Any] = {}
-    for flag in SPACE_FLAGS:
+    for flag in (*DEGREE_FLAGS, *SPACE_FLAGS):
         text = texts.get(_param_name(flag.flag))
         if flag.parse == "ints":
             out[flag.field] = parse_ints(flag.flag, text)
@@ -80,10 +89,10 @@ def parse_space(texts: Mapping[str, str | None]) -> dict[str, Any]:
 
 
 def space_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Give ``command`` the knobs' search-space options (``--mb``, ``--vpp``,
-    ``--dp-sharding``, ...) in place of its ``knob_space`` parameter, which receives
-    their texts by option (:func:`parse_space` reads them where the command checks its
-    options)."""
+    """Give ``command`` the search-space options of the sizes (``--tp``, ...,
+    :data:`DEGREE_FLAGS`) and of the knobs (``--mb``, ``--vpp``, ``--dp-sharding``, ...)
+    in place of its ``space_texts`` parameter, which receives their texts by option
+    (:func:`parse_space` reads them where the command checks its options)."""
     options = [
         inspect.Parameter(
             _param_name(flag.flag),
@@ -91,9 +100,9 @@ def space_options(command: Callable[..., Any]) -> Callable[..., Any]:
             default=None,
             annotation=Annotated[str | None, typer.Option(flag.flag, help=flag.help)],
         )
-        for flag in SPACE_FLAGS
+        for flag in (*DEGREE_FLAGS, *SPACE_FLAGS)
     ]
-    return splice(command, "knob_space", options, dict)
+    return splice(command, "space_texts", options, dict)
 
 
 # ----------------------------------------------------------------- predict's flags

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -12,7 +13,7 @@ import typer
 from pydantic import ValidationError
 
 from pipette_cp.cli.console import console
-from pipette_cp.cli.knob_flags import NO_VALUES, plan_options
+from pipette_cp.cli.knob_flags import NO_VALUES, plan_options, splice
 from pipette_cp.cli.options import (
     NO_REPLACEMENTS,
     InstanceArgument,
@@ -36,6 +37,32 @@ class Predictor(StrEnum):
     simulator = "simulator"
 
 
+#: The layout's sizes as options, in ``--help`` order: (option, plan field, default, help);
+#: a default of None is derived (``--dp`` from the GPUs, ``--etp`` by the plan).
+SIZES: tuple[tuple[str, str, int | None, str], ...] = (
+    ("--tp", "tp", 1, "Tensor-parallel size."),
+    ("--pp", "pp", 1, "Pipeline-parallel size."),
+    ("--mb", "micro_batch_size", 1, "Micro-batch size (sequences)."),
+    ("--dp", "dp", None, "Data-parallel size [default: GPUs/(tp*pp*cp)]."),
+    ("--vpp", "vpp", 1, "Model chunks per stage (interleaving)."),
+    ("--cp", "cp", 1, "Context-parallel size."),
+    ("--ep", "ep", 1, "Expert-parallel size (MoE models)."),
+    ("--etp", "etp", None, "Expert tensor-parallel size [default: tp]."),
+)
+
+
+def size_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Give ``command`` the :data:`SIZES` options in place of its ``sizes`` parameter,
+    which receives ``{plan field: value}`` of every one."""
+    options = [
+        inspect.Parameter(field, inspect.Parameter.KEYWORD_ONLY, default=default,
+                          annotation=Annotated[int if default is not None else int | None,
+                                               typer.Option(flag, help=text)])
+        for flag, field, default, text in SIZES
+    ]  # fmt: skip
+    return splice(command, "sizes", options, dict)
+
+
 def _split(text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None
@@ -48,21 +75,11 @@ def _split(text: str | None) -> tuple[int, ...] | None:
 
 
 @instance_options
+@size_options
 @plan_options
 def predict(
     instance: InstanceArgument = DEFAULT_INSTANCE,
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel size.")] = 1,
-    pp: Annotated[int, typer.Option("--pp", help="Pipeline-parallel size.")] = 1,
-    mb: Annotated[int, typer.Option("--mb", help="Micro-batch size (sequences).")] = 1,
-    dp: Annotated[
-        int | None, typer.Option("--dp", help="Data-parallel size [default: GPUs/(tp*pp*cp)].")
-    ] = None,
-    vpp: Annotated[int, typer.Option("--vpp", help="Model chunks per stage (interleaving).")] = 1,
-    cp: Annotated[int, typer.Option("--cp", help="Context-parallel size.")] = 1,
-    ep: Annotated[int, typer.Option("--ep", help="Expert-parallel size (MoE models).")] = 1,
-    etp: Annotated[
-        int | None, typer.Option("--etp", help="Expert tensor-parallel size [default: tp].")
-    ] = None,
+    sizes: Mapping[str, Any] = NO_VALUES,  # --tp, --pp, --mb, ... (size_options)
     knobs: Mapping[str, Any] = NO_VALUES,  # --sp, --recompute, ... (plan_options)
     placement: Annotated[
         str,
@@ -82,12 +99,10 @@ def predict(
     """Predict iteration time, throughput, MFU and memory per stage of one layout."""
     inst = resolve_instance(instance, replace)
     gpus = inst.cluster.num_gpus
-    given = 1 if dp is None else dp  # checked before dividing by tp * pp
-    sizes = (("--tp", tp), ("--pp", pp), ("--mb", mb), ("--dp", given), ("--vpp", vpp),
-             ("--cp", cp), ("--ep", ep), ("--etp", 1 if etp is None else etp))  # fmt: skip
-    for name, value in sizes:
-        if value <= 0:
-            raise LayoutError(name, value, "must be a positive integer")
+    for flag, field, _, _ in SIZES:  # checked before dividing by tp * pp
+        if (value := sizes[field]) is not None and value <= 0:
+            raise LayoutError(flag, value, "must be a positive integer")
+    tp, pp, cp, vpp, dp = (sizes[field] for field in ("tp", "pp", "cp", "vpp", "dp"))
     with_cp = ("*--cp", f" x cp={cp}") if cp > 1 else ("", "")
     if dp is None:
         if gpus % (tp * pp * cp):
@@ -114,20 +129,8 @@ def predict(
             )
         placed = source.placement
     try:  # a --split of the wrong length or with a negative count
-        plan = make_plan(
-            num_layers=inst.model.num_layers,
-            dp=dp,
-            pp=pp,
-            tp=tp,
-            cp=cp,
-            ep=ep,
-            etp=etp,
-            micro_batch_size=mb,
-            vpp=vpp,
-            layer_split=_split(split),
-            placement=placed,
-            **knobs,
-        )
+        plan = make_plan(num_layers=inst.model.num_layers, **{**sizes, "dp": dp},
+                         layer_split=_split(split), placement=placed, **knobs)  # fmt: skip
     except ValidationError as exc:
         raise spec_error_from(exc, "plan") from None
     evaluation = evaluate(inst, plan, predictor=predictor.value)

@@ -13,7 +13,7 @@ import typer
 
 from pipette_cp.api import solve_with_options
 from pipette_cp.cli.console import STARTED_AT, console, err_console
-from pipette_cp.cli.knob_flags import NO_VALUES, parse_ints, parse_space, space_options
+from pipette_cp.cli.knob_flags import NO_VALUES, parse_space, space_options
 from pipette_cp.cli.options import (
     NO_REPLACEMENTS,
     InstanceArgument,
@@ -80,15 +80,7 @@ def solve(
         str, typer.Option("--executor", help="Where the workers run: local | ray.")
     ] = "local",
     ray_address: RayAddressOption = None,
-    tp: Annotated[str | None, typer.Option("--tp", help="Allowed tp sizes, e.g. 2,4,8.")] = None,
-    pp: Annotated[str | None, typer.Option("--pp", help="Allowed pp sizes.")] = None,
-    dp: Annotated[str | None, typer.Option("--dp", help="Allowed dp sizes.")] = None,
-    cp: Annotated[str | None, typer.Option("--cp", help="Allowed context-parallel sizes.")] = None,
-    ep: Annotated[str | None, typer.Option("--ep", help="Allowed expert-parallel sizes.")] = None,
-    etp: Annotated[
-        str | None, typer.Option("--etp", help="Allowed expert tensor-parallel sizes.")
-    ] = None,
-    knob_space: Mapping[str, str | None] = NO_VALUES,  # --mb, --vpp, ... (space_options)
+    space_texts: Mapping[str, str | None] = NO_VALUES,  # --tp, ..., --mb, ... (space_options)
     exclude_node: Annotated[
         list[str] | None,
         typer.Option("--exclude-node", help="A node (host name) that holds no rank; repeatable."),
@@ -151,10 +143,8 @@ def solve(
     elif replace.any():
         instance = inst.name
     space = _override(
-        inst.search_space,
-        tp=parse_ints("--tp", tp), pp=parse_ints("--pp", pp), dp=parse_ints("--dp", dp),
-        cp=parse_ints("--cp", cp), ep=parse_ints("--ep", ep), etp=parse_ints("--etp", etp),
-        **parse_space(knob_space), exclude_nodes=None if exclude_node is None else tuple(exclude_node),
+        inst.search_space, **parse_space(space_texts),
+        exclude_nodes=None if exclude_node is None else tuple(exclude_node),
         min_gpus=min_gpus, use_all_gpus=use_all_gpus, objective=objective,
     )  # fmt: skip
     check_selection(inst, space)
