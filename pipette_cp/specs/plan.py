@@ -13,6 +13,12 @@ from pipette_cp.specs.training import FUSED_ATTENTION, AttentionKernel, Recomput
 _PART = "Part of the sum (the causes add up to iteration_time_s). "
 
 
+def _cause(description: str, *, signed: bool = False) -> Any:
+    """A field of :class:`TimeBreakdown`: 0 unless given, >= 0 unless ``signed`` (a
+    difference of schedule times, which rounding may leave a few 1e-15 s below zero)."""
+    return Field(default=0.0, ge=None if signed else 0, description=_PART + description)
+
+
 class TimeBreakdown(FrozenSpec):
     """An iteration's time by cause, s (``Evaluation.breakdown_s``).
 
@@ -26,42 +32,38 @@ class TimeBreakdown(FrozenSpec):
     these keys (a cause missing from an older file reads as 0).
     """
 
-    compute: float = Field(
-        default=0.0, ge=0, description=_PART + "The busiest pipeline stage's forward and "
-        "backward computation over the iteration, its TP, CP, EP and exposed ZeRO-2/3 "
-        "collectives taken out, s.",
-    )  # fmt: skip
-    bubble: float = Field(
-        default=0.0, description=_PART + "The rest of the pipeline phase: the busiest stage "
-        "idle (warm-up, cool-down, imbalance), s; rounding may leave it a few 1e-15 s below "
-        "zero.",
-    )  # fmt: skip
-    pp_comm: float = Field(
-        default=0.0, ge=0, description=_PART + "What the pipeline's point-to-point hops add: "
-        "the pipeline phase less the same schedule with free hops, s.",
-    )  # fmt: skip
-    dp_comm: float = Field(
-        default=0.0, description=_PART + "Exposed data-parallel communication: the gradient "
-        "syncs (dense and expert rings) and the tied-embedding all-reduce after the pipeline, "
-        "the parameter all-gather after the step, and under ZeRO-2/3 the per-layer "
-        "collectives the compute does not hide, s; rounding may leave it a few 1e-15 s "
-        "below zero.",
-    )  # fmt: skip
-    tp_comm: float = Field(
-        default=0.0, ge=0, description=_PART + "The busiest stage's tensor-parallel "
-        "collectives over the iteration (not overlapped), s.",
-    )  # fmt: skip
-    cp_comm: float = Field(
-        default=0.0, ge=0, description=_PART + "The busiest stage's context-parallel K/V ring "
-        "transfers over the iteration that its attention does not hide, s.",
-    )  # fmt: skip
-    ep_comm: float = Field(
-        default=0.0, ge=0, description=_PART + "The busiest stage's expert-parallel "
-        "all-to-alls (dispatch and combine, not overlapped) over the iteration, s.",
-    )  # fmt: skip
-    optimizer: float = Field(
-        default=0.0, ge=0, description=_PART + "The optimizer step of the slowest stage, s."
+    compute: float = _cause(
+        "The busiest pipeline stage's forward and backward computation over the iteration, "
+        "its TP, CP, EP and exposed ZeRO-2/3 collectives taken out, s."
     )
+    bubble: float = _cause(
+        "The rest of the pipeline phase: the busiest stage idle (warm-up, cool-down, "
+        "imbalance), s; rounding may leave it a few 1e-15 s below zero.",
+        signed=True,
+    )
+    pp_comm: float = _cause(
+        "What the pipeline's point-to-point hops add: the pipeline phase less the same "
+        "schedule with free hops, s."
+    )
+    dp_comm: float = _cause(
+        "Exposed data-parallel communication: the gradient syncs (dense and expert rings) "
+        "and the tied-embedding all-reduce after the pipeline, the parameter all-gather "
+        "after the step, and under ZeRO-2/3 the per-layer collectives the compute does not "
+        "hide, s; rounding may leave it a few 1e-15 s below zero.",
+        signed=True,
+    )
+    tp_comm: float = _cause(
+        "The busiest stage's tensor-parallel collectives over the iteration (not overlapped), s."
+    )
+    cp_comm: float = _cause(
+        "The busiest stage's context-parallel K/V ring transfers over the iteration that its "
+        "attention does not hide, s."
+    )
+    ep_comm: float = _cause(
+        "The busiest stage's expert-parallel all-to-alls (dispatch and combine, not "
+        "overlapped) over the iteration, s."
+    )
+    optimizer: float = _cause("The optimizer step of the slowest stage, s.")
 
     def items(self) -> tuple[tuple[str, float], ...]:
         """(cause, seconds) of every cause, in the order of the fields (the JSON's).
