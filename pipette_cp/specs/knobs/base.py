@@ -119,13 +119,13 @@ class Knob(Generic[V]):
     (:mod:`~pipette_cp.search.capacity`) must try, for a knob that can lower the memory of
     a layout (None: the field's default is as light as any value).
     ``megatron(training, plan)``: its Megatron-LM flags (None: exported elsewhere, see the
-    declaration).
+    declaration).  ``fields`` defaults to ``(name,)``, ``space_fields`` to ``fields``.
     """
 
     name: str
-    fields: tuple[str, ...]
-    space_fields: tuple[str, ...]
     choices: Callable[[Job, Any], Sequence[Any]]
+    fields: tuple[str, ...] = ()
+    space_fields: tuple[str, ...] = ()
     rules: tuple[Rule[V], ...] = ()
     label: Callable[[V], tuple[str, ...]] = _no_label
     key: tuple[str, ...] = ()
@@ -133,6 +133,10 @@ class Knob(Generic[V]):
     lightest: Callable[[SearchSpace], Sequence[Any]] | None = None
     solve_flags: tuple[SpaceFlag, ...] = ()
     predict_flags: tuple[PlanFlag, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fields", self.fields or (self.name,))
+        object.__setattr__(self, "space_fields", self.space_fields or self.fields)
 
     @property
     def cost_key(self) -> tuple[str, ...]:

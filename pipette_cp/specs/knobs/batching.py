@@ -52,8 +52,6 @@ def _mb_megatron(training: TrainingSpec, plan: _Batched) -> list[Flag]:
 
 MICRO_BATCH: Knob[_Batched] = Knob(
     name="micro_batch_size",
-    fields=("micro_batch_size",),
-    space_fields=("micro_batch_size",),
     choices=_mb_choices,
     rules=(Rule(Phase.BATCH, _mb_divides_batch),),
     label=_mb_label,
@@ -97,8 +95,6 @@ def _vpp_label(plan: _Interleaved) -> tuple[str, ...]:
 #: string fixes the virtual stages instead).
 VPP: Knob[_Interleaved] = Knob(
     name="vpp",
-    fields=("vpp",),
-    space_fields=("vpp",),
     choices=_vpp_choices,
     rules=(
         Rule(Phase.SCHEDULE, _vpp_needs_pipeline),

@@ -60,7 +60,6 @@ def _attention_label(plan: _Attention) -> tuple[str, ...]:
 ATTENTION: Knob[_Attention] = Knob(
     name="attention",
     fields=("flash_attention", "attention_kernel"),
-    space_fields=("flash_attention", "attention_kernel"),
     choices=_attention_choices,
     rules=(Rule(Phase.CONTEXT, _context_needs_fused),),
     label=_attention_label,
@@ -102,8 +101,6 @@ def _norm_choices(job: Job, layout: Degrees) -> list[bool | None]:
 #: No Megatron flag: Megatron's norms are fused (Transformer Engine or Apex).
 FUSED_NORM: Knob[_Norm] = Knob(
     name="fused_norm",
-    fields=("fused_norm",),
-    space_fields=("fused_norm",),
     choices=_norm_choices,
     label=lambda plan: ("nofusednorm",) if plan.fused_norm is False else (),
 )

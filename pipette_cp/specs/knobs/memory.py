@@ -36,8 +36,6 @@ def _sp_megatron(training: TrainingSpec, plan: _SequenceParallel) -> list[Flag]:
 
 SEQUENCE_PARALLEL: Knob[_SequenceParallel] = Knob(
     name="sequence_parallel",
-    fields=("sequence_parallel",),
-    space_fields=("sequence_parallel",),
     choices=_sp_choices,
     rules=(Rule(Phase.EXPERT_TENSOR, _sp_with_experts),),
     label=lambda plan: ("sp",) if plan.sequence_parallel else (),
@@ -71,8 +69,6 @@ def _recompute_megatron(training: TrainingSpec, plan: _Recomputed) -> list[Flag]
 
 RECOMPUTE: Knob[_Recomputed] = Knob(
     name="recompute",
-    fields=("recompute",),
-    space_fields=("recompute",),
     choices=lambda job, layout: job.space.recompute,
     label=lambda plan: (_RECOMPUTE_LABEL[plan.recompute],) if plan.recompute != "none" else (),
     megatron=_recompute_megatron,
@@ -192,7 +188,6 @@ def _sharding_megatron(training: TrainingSpec, plan: _Sharded) -> list[Flag]:
 SHARDING: Knob[_Sharded] = Knob(
     name="sharding",
     fields=("distributed_optimizer", "dp_sharding", "dp_shard_size"),
-    space_fields=("distributed_optimizer", "dp_sharding", "dp_shard_size"),
     choices=_sharding_choices,
     rules=(
         Rule(Phase.EXPERT_STATE, _sharding_with_experts),
@@ -295,8 +290,6 @@ def _precision_aware_megatron(training: TrainingSpec, plan: _PrecisionAware) -> 
 #: master weights) and :func:`~pipette_cp.cost.stack.frameworks.optimizer_update_bytes`.
 PRECISION_AWARE_OPTIMIZER: Knob[_PrecisionAware] = Knob(
     name="precision_aware_optimizer",
-    fields=("precision_aware_optimizer",),
-    space_fields=("precision_aware_optimizer",),
     choices=_precision_aware_choices,
     rules=(Rule(Phase.SCHEDULE, _precision_aware_runs),),
     label=lambda plan: ("bf16adam",) if plan.precision_aware_optimizer else (),
