@@ -30,7 +30,7 @@ __all__ = [
     "validate_spec",
 ]
 
-#: Every spec with a published JSON schema (see ``pipette_cp.specs.schemas``).
+#: Every spec with a published JSON schema (``pipette-cp schema`` writes them to pipette_cp/schemas).
 SCHEMA_SPECS = (
     ModelSpec,
     GpuSpec,

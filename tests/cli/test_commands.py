@@ -318,6 +318,7 @@ def test_predict_bad_input(case: str, tmp_path: Path) -> None:
     assert expected in out, out
 
 
+@pytest.mark.slow
 def test_solve_export_plot_round_trip(tmp_path: Path) -> None:
     plan_file = tmp_path / "plan.json"
     code, out = run(

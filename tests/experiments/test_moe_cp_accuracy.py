@@ -24,6 +24,9 @@ from pipette_cp.experiments.models.moe_cp_setup import (
 )
 from pipette_cp.specs.training import FrameworkProfile
 
+#: the experiments rebuild published runs and sweeps: the slow lane
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def report() -> tuple[list[RowResult], list[Skipped]]:
@@ -70,6 +73,7 @@ def test_rows_add_up_to_the_csv_moe_and_cp_rows(
 def test_the_megatron_fsdp_moe_row_is_skipped_with_its_reason(
     report: tuple[list[RowResult], list[Skipped]],
 ) -> None:
+
     _, skipped = report
     assert any("FSDP" in s.reason for s in skipped)
 

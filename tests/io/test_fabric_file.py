@@ -102,6 +102,7 @@ def test_many_exceptions_go_to_an_exact_sidecar(tmp_path: Path) -> None:
     assert read_cluster_file(path) == cluster  # bytes/s at full precision
 
 
+@pytest.mark.slow
 def test_a_100k_gpu_tree_round_trips_in_seconds(tmp_path: Path) -> None:
     cluster = fat_tree_cluster(100_000, leaf_nodes=25, pod_leaves=20)
     start = time.perf_counter()

@@ -59,6 +59,7 @@ def one_line(exc: PipetteError) -> str:
 
 
 # ------------------------------------------------------------------ YAML structure
+@pytest.mark.slow
 @FAST
 @given(st.integers(1, 3000), st.sampled_from(["list", "map", "json"]))
 def test_nesting_beyond_the_limit_is_refused_without_recursion(depth: int, kind: str) -> None:

@@ -350,6 +350,7 @@ def test_control_characters_are_escaped() -> None:
 @given(instance_mappings(), st.sampled_from(["yaml", "json"]))
 @example({"model": "tiny-gpt", "cluster": "\x1e",
           "training": {"global_batch_size": 1, "seq_length": 128}}, "yaml")  # fmt: skip
+@pytest.mark.slow
 def test_cli_show_bad_instance(data: dict[str, Any], fmt: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = _write(Path(tmp), f"inst.{fmt}", data, fmt)
@@ -394,6 +395,7 @@ def test_cli_predict_bad_options(options: dict[str, str], split: str | None) -> 
         min_size=1,
     )
 )
+@pytest.mark.slow
 def test_cli_solve_bad_options(options: dict[str, str]) -> None:
     """Options of ``solve`` on a small instance (a search that does run stays short)."""
     args = ["solve", "gpt3-1.3b-nominal-8", "--time-limit", "2"]

@@ -160,6 +160,7 @@ def test_units_with_one_place_in_the_symmetry_breaking(method: str) -> None:
     assert_valid_plans(inst, plans)
 
 
+@pytest.mark.slow
 def test_a_timeout_of_one_candidate_does_not_end_the_search() -> None:
     """Fuzzing found it: six one-GPU nodes linked in pairs only; the exact master of a
     layout whose DP ring must cross a failed pair timed out, and its SolverTimeoutError
@@ -183,6 +184,7 @@ def test_a_timeout_of_one_candidate_does_not_end_the_search() -> None:
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["cpsat", "milp"])
 def test_more_units_than_places_that_fit_is_infeasible(method: str) -> None:
     """Fuzzing found it: only one GPU (an H200 among A100-40GBs) holds a replica of the
@@ -207,6 +209,7 @@ def test_more_units_than_places_that_fit_is_infeasible(method: str) -> None:
 
 
 # ------------------------------------------------------------------ properties
+@pytest.mark.slow
 @fuzz_settings(12)
 @given(instances(), st.sampled_from(CHEAP), st.integers(0, 3))
 def test_search_with_heuristics(instance: Instance, method: str, seed: int) -> None:
@@ -239,6 +242,7 @@ def plan_key(plans: list[Plan] | None) -> object:
     return [(p.layout(), p.layer_split, p.placement) for p in plans]
 
 
+@pytest.mark.slow
 @fuzz_settings(6)
 @given(instances(), st.sampled_from(CHEAP), st.integers(0, 2**16))
 def test_same_seed_same_plans(instance: Instance, method: str, seed: int) -> None:

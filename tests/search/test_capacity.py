@@ -51,6 +51,7 @@ def _big(instance: Instance, hidden: int = 8192) -> Instance:
     return instance.model_copy(update={"model": model})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt3-1.3b-nominal-8", "llama-2-7b-g3-32", "gpt3-2.7b-g1-64"])
 def test_capacity_is_below_every_layout(name: str) -> None:
     instance = load_instance(name)

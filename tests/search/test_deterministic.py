@@ -40,6 +40,7 @@ def first(small):
     return search(small, SearchOptions(time_limit_s=BUDGET_S, jobs=1, deterministic=True))
 
 
+@pytest.mark.slow
 def test_two_runs_give_the_same_plans(small, first) -> None:
     again = search(small, SearchOptions(time_limit_s=BUDGET_S, jobs=1, deterministic=True))
     assert _dump(again) == _dump(first)
@@ -47,6 +48,7 @@ def test_two_runs_give_the_same_plans(small, first) -> None:
     assert any(note.startswith("deterministic: 3 reference s") for note in again.stats.notes)
 
 
+@pytest.mark.slow
 def test_one_and_two_workers_give_the_same_plans(small, first) -> None:
     parallel = search(small, SearchOptions(time_limit_s=BUDGET_S, jobs=2, deterministic=True))
     assert _dump(parallel) == _dump(first)
@@ -55,6 +57,7 @@ def test_one_and_two_workers_give_the_same_plans(small, first) -> None:
                                                              s.skipped_budget)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_slower_machine_gives_the_same_plans(small, first, monkeypatch) -> None:
     """Every solve and greedy plan 0.15 s slower: far more wall time than the budget's
     share per solve allows, the same plans (the budget counts work, not seconds)."""
@@ -75,6 +78,7 @@ def test_a_slower_machine_gives_the_same_plans(small, first, monkeypatch) -> Non
     assert slowed.stats.wall_time_s > first.stats.wall_time_s  # it was slowed
 
 
+@pytest.mark.slow
 def test_another_instance_and_method_are_deterministic() -> None:
     inst = load_instance("llama-2-7b-g3-32")
     runs = [search(inst, SearchOptions(method="greedy", time_limit_s=2.0, jobs=jobs, deterministic=True))
@@ -115,6 +119,7 @@ def test_cpsat_gets_a_deterministic_limit_under_the_meter() -> None:
     assert (p.num_workers, p.random_seed, p.interleave_search) == (3, 7, True)
 
 
+@pytest.mark.slow
 def test_the_cli_flag_gives_the_same_json_twice() -> None:
     args = ["solve", "gpt3-2.7b-g1-64", "--deterministic", "--time-limit", "2", "--jobs", "1",
             "--json", "--top", "2"]  # fmt: skip

@@ -41,6 +41,7 @@ def test_every_enumerated_layout_is_valid() -> None:
     assert (3, 2, 1) in degrees and (1, 3, 2) in degrees and (6, 1, 1) in degrees
 
 
+@pytest.mark.slow
 def test_bounds_never_exceed_the_solved_optimum() -> None:
     instance = _instance()
     evaluator = Evaluator(instance)
@@ -54,6 +55,7 @@ def test_bounds_never_exceed_the_solved_optimum() -> None:
         )
 
 
+@pytest.mark.slow
 def test_search_finds_the_exhaustive_optimum() -> None:
     """Every layout solved to optimality by cpsat, best by the analytic model, equals the
     search's best (the search must not lose the best plan)."""

@@ -78,6 +78,7 @@ def test_excluded_nodes_by_name_and_bad_names() -> None:
         gpu_totals(instance.cluster, SearchSpace(exclude_nodes=(names[0],), min_gpus=9))
 
 
+@pytest.mark.slow
 def test_search_leaves_the_slow_node_idle_and_says_why() -> None:
     instance = _slow_nic_instance()
     result = search(instance, SearchOptions(time_limit_s=8, seed=0))
@@ -97,6 +98,7 @@ def test_search_leaves_the_slow_node_idle_and_says_why() -> None:
     assert all_gpus.evaluation.iteration_time_s > best.evaluation.iteration_time_s
 
 
+@pytest.mark.slow
 def test_excluded_node_holds_no_rank_and_the_checker_agrees() -> None:
     instance = _slow_nic_instance(slow=0, factor=1.0)  # uniform: only the exclusion decides
     name = instance.cluster.node_names[2]
@@ -125,6 +127,7 @@ def test_restrict_and_lift_keep_every_time() -> None:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["cpsat", "milp"])
 @pytest.mark.parametrize(("dp", "pp", "tp"), [(1, 2, 2), (2, 2, 1), (1, 4, 1), (2, 1, 2)])
 def test_subset_placement_optimal_claims_match_the_oracle(backend, dp, pp, tp) -> None:
@@ -142,6 +145,7 @@ def test_subset_placement_optimal_claims_match_the_oracle(backend, dp, pp, tp) -
         assert info.objective == pytest.approx(best, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_throughput_per_gpu_objective_weighs_gpus() -> None:
     instance = _slow_nic_instance(slow=0, factor=1.0)
     by_time = search(instance, SearchOptions(time_limit_s=6, seed=0)).plans[0]
@@ -155,6 +159,7 @@ def test_throughput_per_gpu_objective_weighs_gpus() -> None:
     assert best.evaluation.iteration_time_s >= by_time.evaluation.iteration_time_s * (1 - 1e-9)
 
 
+@pytest.mark.slow
 def test_launch_files_list_only_the_used_hosts(tmp_path) -> None:
     instance = _slow_nic_instance()
     plan = search(instance, SearchOptions(time_limit_s=6, seed=0)).plans[0]

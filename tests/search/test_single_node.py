@@ -191,6 +191,7 @@ def _instance(cluster: ClusterSpec) -> Instance:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["cpsat", "milp", "greedy"])
 def test_solve_on_one_node(method: str) -> None:
     inst = _instance(cluster_from_mapping(_one_node()))
@@ -202,6 +203,7 @@ def test_solve_on_one_node(method: str) -> None:
     assert times == sorted(times)
 
 
+@pytest.mark.slow
 def test_solve_and_export_on_one_node_from_the_cli(tmp_path: Path) -> None:
     cluster_file = tmp_path / "mi300x.yaml"
     write_cluster_file(cluster_from_mapping(_one_node(gpu="mi300x")), cluster_file)

@@ -74,6 +74,7 @@ def test_master_cuts_lie_below_the_time_of_random_placements() -> None:
         assert (intercept + np.array(xs) @ gradient <= times).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["cpsat", "milp"])
 def test_optimal_claim_at_tied_hops_matches_the_oracle(backend) -> None:
     instance, plan = _degraded_pipeline()
@@ -85,6 +86,7 @@ def test_optimal_claim_at_tied_hops_matches_the_oracle(backend) -> None:
         assert info.objective == pytest.approx(best, rel=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 2, 4, 5, 7, 8])
 @pytest.mark.parametrize(("dp", "pp", "tp"), [(2, 2, 1), (4, 1, 1), (2, 1, 2), (4, 2, 1)])
 def test_two_level_layouts_get_a_bound_that_holds(seed, dp, pp, tp) -> None:

@@ -71,6 +71,7 @@ def _skewed() -> Instance:
     return small_instance(nodes=4, node_bandwidth=m)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["cpsat", "milp"])
 def test_placement_family_binds_in_both_solvers(method: str) -> None:
     inst = _skewed()
@@ -86,6 +87,7 @@ def test_placement_family_binds_in_both_solvers(method: str) -> None:
     assert ev.iteration_time(bound) >= ev.iteration_time(free) * (1 - 1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["cpsat", "milp"])
 def test_split_family_binds_in_both_masters(backend: str) -> None:
     inst = small_instance(nodes=2, layers=16)
@@ -109,11 +111,14 @@ def test_impossible_split_family_is_infeasible_not_a_crash() -> None:
         solve_split(inst, plan, SolveOptions(time_limit_s=10, constraints=(family,)), "cpsat")
 
 
+@pytest.mark.slow
 def test_search_returns_only_plans_that_satisfy_the_families() -> None:
     inst = _skewed()
     family = StageOffNodes(stage=0, nodes={0})
-    plans = solve(inst, method="cpsat", top_k=3, time_limit_s=20, constraints=[family])
-    assert plans
+    # a work budget: 17 of the 1,236 layouts solved by CP-SAT with the family, on any machine
+    plans = solve(inst, method="cpsat", top_k=3, time_limit_s=5, constraints=[family],
+                  deterministic=True)  # fmt: skip
+    assert plans and all(p.solve_info.method == "cpsat" for p in plans)
     for plan in plans:
         assert not family_violations([family], inst, plan)
         assert not check_plan(inst, plan)

@@ -24,6 +24,7 @@ def always_times_out():
     del METHODS["test-timeout"]
 
 
+@pytest.mark.slow
 def test_a_method_that_finds_nothing_still_yields_fitting_heuristic_plans(always_times_out):
     inst = small_instance()
     result = search(inst, SearchOptions(method=always_times_out, top_k=3, time_limit_s=5))
@@ -36,6 +37,7 @@ def test_a_method_that_finds_nothing_still_yields_fitting_heuristic_plans(always
     assert any("fallback" in note or "Megatron" in note for note in result.stats.notes)
 
 
+@pytest.mark.slow
 def test_exact_method_plans_report_status_and_consistent_gap() -> None:
     inst = small_instance()
     result = search(inst, SearchOptions(method="cpsat", top_k=3, time_limit_s=10))

@@ -215,6 +215,7 @@ def test_highs_and_cbc_give_the_same_placement() -> None:
 # ------------------------------------------------------------------ bounds
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("engine", "limit_s"), [("highs", 0.2), ("cbc", 0.3)])
 def test_an_interrupted_solve_reports_a_valid_bound(engine: str, limit_s: float) -> None:
     """The other engine, solved to optimality, is the oracle."""

@@ -78,6 +78,7 @@ def test_generated_trees_match_their_dense_matrix() -> None:
     assert (node_matrix[off] == 0).mean() == pytest.approx(0.01, abs=2e-3)
 
 
+@pytest.mark.slow
 def test_a_hundred_thousand_gpus_fit_in_tens_of_megabytes() -> None:
     f = fat_tree(100_000, seed=0, leaf_nodes=25, pod_leaves=20)
     assert f.num_gpus == 100_000 and [lv.nodes for lv in f.levels] == [25, 500, 12_500]

@@ -142,6 +142,13 @@ def _wraps(instance: Instance, plan: Plan) -> bool:
     return plan.pp > 1 and (plan.vpp > 1 or instance.model.tied_embeddings)
 
 
+def placement_excess(instance: Instance, plan: Plan) -> float:
+    """The summed excess of ``plan``'s ring links and hops as it stands (what
+    :func:`repair_units` reports as "before")."""
+    rows = all_links(plan, _wraps(instance, plan))
+    return _excess_of(_Links(instance.cluster), placement_array(plan), rows.tolist())
+
+
 def repair_units(instance: Instance, plan: Plan, seed: int = 0) -> tuple[np.ndarray, float, float]:
     """The swapped units (pp, replicas, tp) and the summed excess before and after."""
     links = _Links(instance.cluster)

@@ -240,6 +240,7 @@ def test_the_search_space_holds_expert_and_context_layouts_megatron_accepts():
         ev.evaluate(plan)  # every enumerated layout passes Megatron's rules
 
 
+@pytest.mark.slow
 def test_the_bundled_moe_instance_gets_a_fitting_expert_parallel_plan():
 
     from pipette_cp.checker.checks import check_plan
@@ -257,6 +258,7 @@ def test_the_bundled_moe_instance_gets_a_fitting_expert_parallel_plan():
     assert plan.solve_info is not None and plan.solve_info.status != "optimal"
 
 
+@pytest.mark.slow
 def test_regrouping_the_replicas_finds_the_best_expert_groups_of_a_tiny_case():
     import time
 
@@ -339,6 +341,7 @@ def slow_pairs_cluster():
     return cluster.model_copy(update={"bandwidth_bytes_per_s": bw})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["cpsat", "milp"])
 @pytest.mark.parametrize(("dp", "pp", "cp", "ep"), [(6, 1, 1, 2), (3, 1, 2, 1), (3, 1, 2, 2)])
 def test_expert_and_context_placements_against_the_brute_force_oracle(method, dp, pp, cp, ep):

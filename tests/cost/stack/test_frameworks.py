@@ -58,6 +58,7 @@ def test_compute_efficiency_scales_the_layer_time():
     assert total(slow) == pytest.approx(2 * total("megatron-core"))
 
 
+@pytest.mark.slow
 def test_catalogue_efficiencies_are_the_fit():
     """The fitted values in the catalogue are what the fit command gives (to 0.002)."""
     for (name, gpu), (compute, attention) in fit_frameworks().items():
@@ -66,6 +67,7 @@ def test_catalogue_efficiencies_are_the_fit():
         assert fw.attention_efficiency == attention, name
 
 
+@pytest.mark.slow
 def test_catalogue_memory_margins_are_the_fit():
     """The memory margins in the catalogue are what the fit rule gives on the fit side."""
     for name, margin in fit_memory_margins(run_baseline()).items():

@@ -1,4 +1,4 @@
-"""The measurement plan (io/measure_plan.py, io/measure_schedule.py, io/hostfile.py): the
+"""The measurement plan (io/measurements/measure_script.py, io/measurements/measure_schedule.py, io/hostfile.py): the
 round-robin schedule, the hostfile reader, the flags of the generated commands and the CLI
 (the round trip script -> logs -> ``cluster import``: tests/io/measurements/test_roundtrip.py)."""
 

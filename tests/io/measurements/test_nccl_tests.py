@@ -1,5 +1,5 @@
-"""nccl-tests log parsing (io/nccl_tests.py) and pairwise matrices and conversion
-(io/nccl_pairwise.py), on verbatim upstream logs."""
+"""nccl-tests log parsing (io/measurements/nccl_tests.py) and pairwise matrices and conversion
+(io/measurements/nccl_pairwise.py), on verbatim upstream logs."""
 
 from __future__ import annotations
 

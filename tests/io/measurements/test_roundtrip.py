@@ -1,4 +1,4 @@
-"""The round trip of the measurement plan (io/measure_plan.py): script -> logs ->
+"""The round trip of the measurement plan (io/measurements/measure_script.py): script -> logs ->
 ``cluster import``, with fake launchers standing in for srun/mpirun."""
 
 from __future__ import annotations
@@ -169,6 +169,7 @@ def run_script(script: Path, env: dict[str, str]) -> subprocess.CompletedProcess
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["slurm", "mpirun"])
 def test_running_the_script_gives_logs_that_import_back(tmp_path: Path, launcher: str) -> None:
     hosts = ["n1", "n2", "n3", "n4", "n5"]
@@ -219,4 +220,4 @@ def test_mpigraph_script_output_reads_back(tmp_path: Path) -> None:
         [[0 if a == b else table[" ".join(sorted((a, b)))] for b in hosts] for a in hosts]
     )
     assert np.allclose(result.node_matrix() / GB, want, rtol=1e-6)
-    assert MiB == 2**20  # mpiGraph's MB/sec is MiB/s (io/mpigraph.py)
+    assert MiB == 2**20  # mpiGraph's MB/sec is MiB/s (io/measurements/mpigraph.py)

@@ -163,6 +163,7 @@ def test_layer_freq_parses_to_the_models_pattern(first: int, freq: int) -> None:
     assert pattern == [int(m.is_moe_layer(i)) for i in layers]
 
 
+@pytest.mark.slow
 def test_dense_plans_without_cp_get_no_new_flags() -> None:
     for name in list_instances()[:12]:
         instance = load_instance(name)

@@ -70,6 +70,7 @@ def test_a_pair_the_plan_never_uses_has_zero_sensitivity(name: str) -> None:
         assert time_with_halved(instance, plan, [pair]) == base, pair
 
 
+@pytest.mark.slow
 def test_unused_pairs_of_a_greedy_plan_on_a_bundled_instance(plan_file: Path) -> None:
     plan = Plan.model_validate_json(plan_file.read_text())
     instance = load_instance("llama-2-7b-g3-32")

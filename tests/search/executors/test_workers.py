@@ -38,6 +38,7 @@ def sequential(small):
     return search(small, SearchOptions(time_limit_s=60, jobs=1))
 
 
+@pytest.mark.slow
 def test_two_workers_give_the_sequential_plans(small, sequential) -> None:
     parallel = search(small, SearchOptions(time_limit_s=60, jobs=2))
     assert _plans(parallel) == _plans(sequential)
@@ -73,6 +74,7 @@ def _hangs_once(skeleton, options):
     return solve_skeleton(skeleton, options)
 
 
+@pytest.mark.slow
 def test_a_dead_worker_is_reported_and_its_layout_retried(small, sequential, tmp_path,
                                                            monkeypatch) -> None:  # fmt: skip
     monkeypatch.setenv("PIPETTE_TEST_MARKERS", str(tmp_path))
@@ -87,6 +89,7 @@ def test_a_dead_worker_is_reported_and_its_layout_retried(small, sequential, tmp
     assert result.plans[0].layout() == sequential.plans[0].layout()
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_twice_skips_the_layout_without_hanging(small, monkeypatch) -> None:
     monkeypatch.setattr(phases, "solve_skeleton", _always_dies)
     result = search(small, SearchOptions(time_limit_s=30, jobs=2))
@@ -95,11 +98,12 @@ def test_a_worker_that_dies_twice_skips_the_layout_without_hanging(small, monkey
     assert result.plans  # the greedy sweep's plans remain
 
 
+@pytest.mark.slow
 def test_a_hung_solve_restarts_the_workers(small, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("PIPETTE_TEST_MARKERS", str(tmp_path))
     monkeypatch.setattr(phases, "solve_skeleton", _hangs_once)
     monkeypatch.setattr(phases, "HANG_GRACE_S", 0.5)
-    result = search(small, SearchOptions(time_limit_s=60, jobs=2, max_solves=2))
+    result = search(small, SearchOptions(time_limit_s=20, jobs=2, max_solves=2))
     assert "a worker hung" in " ".join(result.stats.notes)
     assert result.plans
 
@@ -108,9 +112,10 @@ def _overruns(skeleton, options):
     time.sleep(600)  # far past its own limit, as an uninterruptible step on a loaded machine
 
 
+@pytest.mark.slow
 def test_a_solve_past_the_budget_is_dropped_not_waited_for(small, monkeypatch) -> None:
     monkeypatch.setattr(phases, "solve_skeleton", _overruns)
-    result = search(small, SearchOptions(time_limit_s=12, jobs=2))
+    result = search(small, SearchOptions(time_limit_s=6, jobs=2))
     notes = " ".join(result.stats.notes)
     # dropped at the budget's end, not waited for as a hang (30 s) and retried
     assert "still running when the budget ended: dropped" in notes and "hung" not in notes
@@ -127,6 +132,7 @@ def _threads(path: Path) -> list[int]:
     return [int(line.split()[1]) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_the_last_solve_takes_the_cores_that_would_idle(small, tmp_path, monkeypatch) -> None:
     log = tmp_path / "solves"
     monkeypatch.setenv("PIPETTE_TEST_LOG", str(log))
@@ -192,11 +198,13 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.mark.slow
 def test_ray_gives_the_local_pools_plans(small, sequential, local_ray) -> None:
     result = search(small, SearchOptions(time_limit_s=60, jobs=2, executor="ray"))
     assert _plans(result) == _plans(sequential)
 
 
+@pytest.mark.slow
 def test_bench_on_ray_gives_the_local_rows(tmp_path, local_ray) -> None:
     planned = prepare_jobs([SMALL], ["megatron-default", "greedy"], time_limits_s=[10.0])
     rows = {}

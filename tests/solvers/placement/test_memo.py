@@ -78,6 +78,7 @@ def data(request):
     return replace(built, allowed=allowed)
 
 
+@pytest.mark.slow
 def test_the_cost_matrices_are_the_fresh_ones_and_read_only(data) -> None:
     fresh = _fresh_costs(data)
     kept = class_costs(data)

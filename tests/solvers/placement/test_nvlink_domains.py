@@ -246,6 +246,7 @@ def test_the_placement_model_charges_what_the_evaluator_charges(dp, pp, tp) -> N
         assert data.total_time_s(data.x_of(assign)) == pytest.approx(truth, rel=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["cpsat", "milp"])
 @pytest.mark.parametrize(("dp", "pp", "tp"), [(2, 1, 8), (2, 2, 4), (4, 2, 2)])
 def test_the_masters_match_the_oracle_across_trays(backend, dp, pp, tp) -> None:
@@ -305,6 +306,7 @@ def test_a_solved_tp8_placement_is_the_evaluators_time() -> None:
     assert info.objective == pytest.approx(anywhere, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_the_search_finds_tp8_when_it_is_fastest() -> None:
     instance = on(racks(), pp=[1])  # no pipeline: dp2-tp8 beats dp4-tp4 and dp8-tp2
     found = search(instance, SearchOptions(top_k=3, time_limit_s=10))

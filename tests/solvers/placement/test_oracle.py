@@ -68,6 +68,7 @@ def _solve(instance, plan, algorithm, backend="cpsat"):
         return None
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(tiny_problems())
 def test_cpsat_matches_the_brute_force_oracle(problem) -> None:
@@ -97,6 +98,7 @@ FIXED = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["cpsat", "milp"])
 @pytest.mark.parametrize("seed, nodes, gpus, tp, pp, dp, vpp", FIXED)
 def test_masters_alone_match_the_oracle(backend, seed, nodes, gpus, tp, pp, dp, vpp) -> None:

@@ -148,6 +148,7 @@ def test_report_time_limit_and_never_worse_than_hints() -> None:
     assert info.objective <= evaluator.iteration_time(greedy) + 1e-12
 
 
+@pytest.mark.slow
 def test_two_level_all_reduce_gets_the_floor_bound() -> None:
     """The master models the ring only; where the two-level all-reduce may win, the
     bound is the analytic floor of both: below the oracle's optimum (which the
@@ -197,6 +198,7 @@ def test_master_alone_finds_the_optimum_from_nothing(backend) -> None:
     assert res.bound_s <= res.value_s
 
 
+@pytest.mark.slow
 def test_large_neighbourhood_search_path(monkeypatch) -> None:
     monkeypatch.setattr(placement_solve, "EXACT_SIZE", 0)
     instance = degraded(8, seed=2, fail=0.1, global_batch_size=32)

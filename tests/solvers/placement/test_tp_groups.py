@@ -90,6 +90,7 @@ def test_large_nodes_take_the_swap_search() -> None:
 
 
 # ------------------------------------------------------------------ placements
+@pytest.mark.slow
 @pytest.mark.parametrize(("dp", "pp", "tp"), [(1, 4, 2), (8, 1, 2), (1, 2, 4), (2, 2, 4)])
 def test_chosen_groups_are_at_least_as_fast_as_aligned_blocks(dp, pp, tp) -> None:
     instance = cube()

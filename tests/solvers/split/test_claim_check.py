@@ -85,6 +85,7 @@ def test_an_unproven_split_makes_the_plan_feasible(monkeypatch) -> None:
     assert best <= info.objective * (1 + 1e-9)
 
 
+@pytest.mark.slow
 def test_flagship_split_with_half_a_second_is_honest() -> None:
     """The reported case: with 0.5 s the plan is either proven or says it is not,
     and is never slower than the even or memory-greedy split on its placement."""
