@@ -18,9 +18,6 @@ from pipette_cp.experiments.models.accuracy import (
 )
 from pipette_cp.io.paths import INSTANCES_DIR
 
-#: the experiments rebuild published runs and sweeps: the slow lane
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def report() -> AccuracyReport:

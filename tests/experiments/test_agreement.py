@@ -27,9 +27,6 @@ from pipette_cp.experiments.models.agreement import (
 from pipette_cp.io.instance_file import list_instances, load_instance
 from pipette_cp.specs.layouts import make_plan
 
-#: the experiments rebuild published runs and sweeps: the slow lane
-pytestmark = pytest.mark.slow
-
 TOLERANCE = 0.02
 FAST = [name for name in list_instances() if not name.endswith("-4096")]
 

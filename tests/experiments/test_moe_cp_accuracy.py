@@ -24,9 +24,6 @@ from pipette_cp.experiments.models.moe_cp_setup import (
 )
 from pipette_cp.specs.training import FrameworkProfile
 
-#: the experiments rebuild published runs and sweeps: the slow lane
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def report() -> tuple[list[RowResult], list[Skipped]]:

@@ -26,9 +26,6 @@ from pipette_cp.experiments.models.published_runs_report import (
     write_plot,
 )
 
-#: the experiments rebuild published runs and sweeps: the slow lane
-pytestmark = pytest.mark.slow
-
 MOE_CP_CSV = MORE_CSV.with_name("published_runs_moe_cp.csv")
 
 

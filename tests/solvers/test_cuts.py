@@ -61,13 +61,18 @@ def _degraded_pipeline(seed: int = 0) -> tuple[Instance, object]:
     return instance, make_plan(num_layers=model.num_layers, dp=1, pp=8, tp=1, micro_batch_size=1)
 
 
+def _random_inputs(data, seed: int, count: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """The master's inputs and times of ``count`` random placements."""
+    rng = np.random.default_rng(seed)
+    slots = np.repeat(np.arange(data.num_places), data.capacity)
+    xs = [data.x_of(rng.permutation(slots)[: data.num_units]) for _ in range(count)]
+    return xs, np.array([data.total_time_s(x) for x in xs])
+
+
 def test_master_cuts_lie_below_the_time_of_random_placements() -> None:
     instance, plan = _degraded_pipeline()
     data = build_placement_data(instance, plan)
-    rng = np.random.default_rng(1)
-    slots = np.repeat(np.arange(data.num_places), data.capacity)
-    xs = [data.x_of(a) for a in (rng.permutation(slots)[: data.num_units] for _ in range(120))]
-    times = np.array([data.total_time_s(x) for x in xs])
+    xs, times = _random_inputs(data, seed=1, count=120)
     pool = CutPool(data, upper_s=float(times.max()))
     for x in xs[:60]:
         intercept, gradient = pool.add_at(x)
@@ -114,10 +119,7 @@ def test_two_level_layouts_get_a_bound_that_holds(seed, dp, pp, tp) -> None:
 def test_where_no_supporting_cut_is_found_the_flat_floor_still_holds(monkeypatch) -> None:
     instance, plan = _degraded_pipeline()
     data = build_placement_data(instance, plan)
-    rng = np.random.default_rng(2)
-    slots = np.repeat(np.arange(data.num_places), data.capacity)
-    xs = [data.x_of(a) for a in (rng.permutation(slots)[: data.num_units] for _ in range(60))]
-    times = np.array([data.total_time_s(x) for x in xs])
+    xs, times = _random_inputs(data, seed=2, count=60)
 
     def no_cut(*args, **kwargs):
         raise ValueError("no hair gives agreeing difference quotients")

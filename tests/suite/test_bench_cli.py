@@ -22,9 +22,6 @@ from pipette_cp.io.instance_file import instance_path, load_instance
 from pipette_cp.specs import Plan
 from pipette_cp.suite import BenchStore
 
-#: the benchmark suite runs whole searches: the slow lane
-pytestmark = pytest.mark.slow
-
 TINY = "gpt3-1.3b-nominal-8"
 runner = CliRunner()
 

@@ -9,9 +9,6 @@ import pytest
 
 from pipette_cp.suite import BenchStore, make_executor, prepare_jobs, run_bench
 
-#: the benchmark suite runs whole searches: the slow lane
-pytestmark = pytest.mark.slow
-
 ray = pytest.importorskip("ray")
 
 TINY = "gpt3-1.3b-nominal-8"

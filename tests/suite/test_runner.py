@@ -35,9 +35,6 @@ from pipette_cp.suite import (
 from pipette_cp.suite.jobs import CRASH, failed_row
 from pipette_cp.suite.plots import write_plots
 
-#: the benchmark suite runs whole searches: the slow lane
-pytestmark = pytest.mark.slow
-
 TINY = "gpt3-1.3b-nominal-8"
 
 

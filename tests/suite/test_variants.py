@@ -18,9 +18,6 @@ from pipette_cp.suite import BenchStore, prepare_jobs
 from pipette_cp.suite.jobs import COLUMNS, Job, failed_row
 from pipette_cp.suite.variants import Sweep, Variant
 
-#: the benchmark suite runs whole searches: the slow lane
-pytestmark = pytest.mark.slow
-
 FILE_CLUSTER = "gpt3-1.3b-nominal-8"  # one node, an inline cluster
 GENERATED = "gpt3-1.3b-g5-16"  # two nodes of a v100-cube generator
 runner = CliRunner()

@@ -129,6 +129,12 @@ PINNED = {
 }  # fmt: skip
 
 
+def _pinned_values(e: Evaluation) -> tuple[float, ...]:
+    """What the pins hold of an evaluation."""
+    b = e.breakdown_s
+    return (e.iteration_time_s, b.pp_comm, b.dp_comm, e.memory_bytes_max, e.mfu)
+
+
 @pytest.mark.parametrize(("case", "predictor"), [k for k in PINNED if not k[0].startswith("speed")])
 def test_pinned_evaluations(case: str, predictor: str) -> None:
     make_instance_, make_plan_, algorithm = PINNED_CASES[case]
@@ -136,14 +142,7 @@ def test_pinned_evaluations(case: str, predictor: str) -> None:
     e = evaluator.evaluate(make_plan_(), predictor)  # type: ignore[arg-type]
     if predictor == "analytic":
         assert evaluator.iteration_time(make_plan_()) == e.iteration_time_s
-    got = (
-        e.iteration_time_s,
-        e.breakdown_s.pp_comm,
-        e.breakdown_s.dp_comm,
-        e.memory_bytes_max,
-        e.mfu,
-    )
-    assert got == pytest.approx(PINNED[case, predictor], rel=1e-12, abs=1e-15)
+    assert _pinned_values(e) == pytest.approx(PINNED[case, predictor], rel=1e-12, abs=1e-15)
 
 
 def test_pinned_speed_benchmark_plans() -> None:
@@ -155,14 +154,7 @@ def test_pinned_speed_benchmark_plans() -> None:
         for i, p in enumerate(make_plans(inst, 3, vpp)):
             e = evaluator.evaluate(p)
             assert evaluator.iteration_time(p) == e.iteration_time_s
-            got = (
-                e.iteration_time_s,
-                e.breakdown_s.pp_comm,
-                e.breakdown_s.dp_comm,
-                e.memory_bytes_max,
-                e.mfu,
-            )
-            assert got == pytest.approx(
+            assert _pinned_values(e) == pytest.approx(
                 PINNED[f"speed-vpp{vpp}-{i}", "analytic"], rel=1e-12, abs=1e-15
             )
 

@@ -25,9 +25,11 @@ import pytest
 from pipette_cp.solvers.placement import BACKENDS
 from pipette_cp.solvers.placement.build import build_placement_data
 from pipette_cp.solvers.placement.data import Family, PlacementData
+from pipette_cp.solvers.placement.families.group_tables import GroupTables, group_tables
 from pipette_cp.solvers.placement.families.hard.bijection import PlacementBijection
 from pipette_cp.solvers.placement.model import PlacementModel
 from pipette_cp.specs import Instance, Plan
+from tests.solvers.placement.test_group_masters import setup, uneven
 
 #: CP-SAT reads each input up to 1 ns low; the MILP is solved to its tolerances.
 ABS_S = 2e-9
@@ -115,3 +117,15 @@ class Pinned:
             tolerance = ABS_S * max(self.verifier.data.xi.size, 1)
             assert value == pytest.approx(read, rel=1e-9, abs=tolerance), backend
         return read
+
+
+def verify_group_family(
+    layout: tuple, gpus: int, family: Family, priced: str
+) -> tuple[Verifier, GroupTables, Plan]:
+    """A verifier of a group family (all-to-all, context rings, expert rings) on the
+    uneven cluster of the group masters' tests, whose tables price it (``priced``)."""
+    instance, plan = setup(layout, gpus, uneven(4, gpus))
+    verifier = verify(instance, plan, family)
+    tables = group_tables(verifier.data)
+    assert tables is not None and priced in tables.priced
+    return verifier, tables, plan

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pipette_cp.solvers.placement.families.expert_rings import ExpertRings
-from pipette_cp.solvers.placement.families.group_tables import group_tables
-from tests.solvers.placement.families.harness import verify
+from tests.solvers.placement.families.harness import verify, verify_group_family
 from tests.solvers.placement.test_group_masters import setup, uneven
 
 
@@ -15,10 +14,8 @@ from tests.solvers.placement.test_group_masters import setup, uneven
                                               ((4, 1, 2, 1, 2, 1), 4),
                                               ((2, 2, 2, 1, 2, 1), 4)])  # fmt: skip
 def test_the_master_reads_the_evaluators_expert_rings(layout, gpus) -> None:
-    instance, plan = setup(layout, gpus, uneven(4, gpus))
-    verifier = verify(instance, plan, ExpertRings())
-    tables = group_tables(verifier.data)
-    assert tables is not None and "ering" in tables.priced and tables.ering_classes
+    verifier, tables, plan = verify_group_family(layout, gpus, ExpertRings(), "ering")
+    assert tables.ering_classes
     assert verifier.data.xi.size == 2 * plan.pp * tables.ering_classes  # time + indicator
     for pinned in verifier.assignments(6):
         pinned.costs()
