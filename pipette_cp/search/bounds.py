@@ -27,7 +27,7 @@ import numpy as np
 
 from pipette_cp.cost.compute.model_chunks import chunk_times
 from pipette_cp.cost.memory.peak import memory_by_stage, num_microbatches, usable_memory_bytes
-from pipette_cp.cost.network.groups import fastest_link_bytes_per_s
+from pipette_cp.cost.network.parallel_groups import fastest_link_bytes_per_s
 from pipette_cp.specs import Instance, Plan
 
 

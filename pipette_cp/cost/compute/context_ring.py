@@ -16,7 +16,7 @@ This per-step form is never below the aggregate ``max(0, (cp - 1) bytes / B - co
 and equals it when the bandwidth is huge (0) or tiny (both ~ ``(cp - 1) bytes / B``).
 
 The bandwidth ``B`` is the bottleneck link of the stage's rings (from the placement,
-:func:`pipette_cp.cost.network.groups.cp_ring_bandwidths`).  Per-step latency is ignored here:
+:func:`pipette_cp.cost.network.parallel_groups.cp_ring_bandwidths`).  Per-step latency is ignored here:
 :func:`pipette_cp.cost.compute.model_chunks.chunk_times` receives no ring latency (a few
 microseconds per step against milliseconds of attention at the sequence lengths where
 context parallelism is used).

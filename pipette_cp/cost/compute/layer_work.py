@@ -29,7 +29,7 @@ routes ``R = s b / (cp tp)`` tokens, its local experts compute ``X`` token copie
   ``X x h`` activations each.
 
 Not here: the expert-parallel all-to-all (dispatch and combine), which depends on the
-placement (:mod:`pipette_cp.cost.network.groups`, from :func:`~pipette_cp.cost.workload.tokens.dispatch_bytes`).
+placement (:mod:`pipette_cp.cost.network.parallel_groups`, from :func:`~pipette_cp.cost.workload.tokens.dispatch_bytes`).
 """
 
 from __future__ import annotations

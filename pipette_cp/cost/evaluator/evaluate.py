@@ -48,7 +48,7 @@ from pipette_cp.cost.network.data_parallel import (
     gradient_wire_bytes,
     step_collectives,
 )
-from pipette_cp.cost.network.groups import GroupFlows, cp_ring_bandwidths, group_flows
+from pipette_cp.cost.network.parallel_groups import GroupFlows, cp_ring_bandwidths, group_flows
 from pipette_cp.cost.network.tp_rings import group_bandwidths
 from pipette_cp.cost.schedule.critical_path import PipelineInputs, finish_iteration, pipeline_times
 from pipette_cp.cost.schedule.simulator import Timeline, simulate_pipeline

@@ -5,12 +5,12 @@ Per MoE layer and micro-batch the forward pass runs two all-to-alls (dispatch an
 combine), the backward pass two more (their gradients), full recomputation two more
 again; none is overlapped (Megatron-Core's alltoall dispatcher without
 ``--overlap-moe-expert-parallel-comm``).  Their time per stage comes from the
-placement (:func:`~pipette_cp.cost.network.groups.alltoall_times_s`) and is added to every
+placement (:func:`~pipette_cp.cost.network.parallel_groups.alltoall_times_s`) and is added to every
 virtual stage in proportion to its MoE layers.  The routed experts' gradients are
 reduced over the expert data-parallel rings when those differ from the dense ones
 (``ep > 1`` or ``etp != tp``), after the dense gradients (one stream).  The flex
 dispatcher (DeepEP) sends a token once to every other node that holds one of its
-experts (:func:`~pipette_cp.cost.network.groups.node_dedup_factor`).
+experts (:func:`~pipette_cp.cost.network.parallel_groups.node_dedup_factor`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pipette_cp.cost.evaluator.stage_times import StageTimes
 from pipette_cp.cost.network import collectives as comm
 from pipette_cp.cost.network.alltoall_nodes import group_nodes_of
 from pipette_cp.cost.network.data_parallel import gradient_wire_bytes
-from pipette_cp.cost.network.groups import (
+from pipette_cp.cost.network.parallel_groups import (
     GroupFlows,
     expert_dp_rings,
     expert_members,

@@ -1,6 +1,6 @@
 """Expert all-to-alls costed per node pair where the measured matrix is constant per node pair.
 
-:func:`~pipette_cp.cost.network.groups.alltoall_times_s` walks every ordered pair of every
+:func:`~pipette_cp.cost.network.parallel_groups.alltoall_times_s` walks every ordered pair of every
 expert group: ``ep (ep - 1)`` flows a group, 64,512 for the 16 groups of ep = 64 on
 1,024 GPUs.  Its per-rank result depends on the pair only through ``B[i, j]``, the two
 NVLink domains and the two nodes' NIC flow counts.  Where ``B`` is one number over all

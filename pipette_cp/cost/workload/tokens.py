@@ -2,7 +2,7 @@
 
 What one GPU holds and sends per micro-batch, shared by the time and memory models;
 the placement-dependent times (all-to-all over the expert groups, the context-parallel
-ring) are in :mod:`pipette_cp.cost.network.groups`.
+ring) are in :mod:`pipette_cp.cost.network.parallel_groups`.
 
 Conventions (Megatron-Core's alltoall token dispatcher): a unit (one replica of a
 stage) holds ``T = seq_length x micro_batch / cp`` tokens of a micro-batch; with

@@ -35,7 +35,7 @@ from pipette_cp.clusters.expand import cluster_from_node_matrix
 from pipette_cp.clusters.generators.registry import generate
 from pipette_cp.cost.evaluator.evaluate import Evaluator
 from pipette_cp.cost.network.collectives import shared_nic_flows
-from pipette_cp.cost.network.groups import group_flows
+from pipette_cp.cost.network.parallel_groups import group_flows
 from pipette_cp.errors import PipetteError
 from pipette_cp.io.instance_file import load_instance
 from pipette_cp.io.model_file import load_model

@@ -2,7 +2,7 @@
 the pairwise one it replaces where the matrix allows it.
 
 Oracle: :func:`_reference_members_times`, the all-to-all over every ordered pair of every
-group as :func:`~pipette_cp.cost.network.groups.alltoall_times_s` computed it before the
+group as :func:`~pipette_cp.cost.network.parallel_groups.alltoall_times_s` computed it before the
 node-level path, kept verbatim; compared on random layouts, placements and byte scales
 on healthy, degraded, failed-pair, slow-pair, fail-slow, NVL72 and DGX-1 clusters.
 """
@@ -16,7 +16,7 @@ from pipette_cp.clusters.generators.registry import generate
 from pipette_cp.cost.evaluator.evaluate import Evaluator
 from pipette_cp.cost.network import collectives as comm
 from pipette_cp.cost.network.alltoall_nodes import group_nodes_of, node_blocks, usable_groups
-from pipette_cp.cost.network.groups import alltoall_times_s, expert_members, group_flows
+from pipette_cp.cost.network.parallel_groups import alltoall_times_s, expert_members, group_flows
 from pipette_cp.errors import InfeasibleError, LayoutError
 from pipette_cp.specs import ClusterSpec, Instance, ModelSpec, TrainingSpec
 from pipette_cp.specs.layouts import make_plan

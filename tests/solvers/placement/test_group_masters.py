@@ -23,7 +23,7 @@ from pipette_cp.solvers.placement.model import PlacementModel
 from pipette_cp.solvers.placement.oracle import brute_force_placement
 from pipette_cp.specs import TrainingSpec, resolve_gpu
 from pipette_cp.specs.layouts import make_plan
-from tests.cost.network.test_groups import _instance, _moe_model, slow_pairs_cluster
+from tests.cost.network.test_parallel_groups import _instance, _moe_model, slow_pairs_cluster
 from tests.solvers.placement.test_nvlink_domains import racks
 
 GB = 1e9

@@ -1,7 +1,7 @@
 """Context-parallel rings, expert all-to-alls and expert data-parallel rings in unit terms.
 
 A unit holds the ``tp`` ranks of one stage of one replica, so every group of
-:mod:`pipette_cp.cost.network.groups` is a set of units: a context-parallel ring links ``cp``
+:mod:`pipette_cp.cost.network.parallel_groups` is a set of units: a context-parallel ring links ``cp``
 consecutive replicas (``tp`` flows per link, one per tp rank); an expert group spans
 ``ep x etp / tp`` consecutive replicas (or sits inside one unit); an expert data-parallel
 ring visits every ``ep x etp / tp``-th unit.  :class:`GroupTables` lists these unit pairs
@@ -46,7 +46,7 @@ from pipette_cp.cost.evaluator.expert_groups import (
 )
 from pipette_cp.cost.network import collectives as comm
 from pipette_cp.cost.network.data_parallel import gradient_wire_bytes
-from pipette_cp.cost.network.groups import (
+from pipette_cp.cost.network.parallel_groups import (
     GroupFlows,
     alltoall_times_s,
     cp_ring_bandwidths,

@@ -17,7 +17,11 @@ from pipette_cp.checker.checks import communication_pairs
 from pipette_cp.clusters.expand import cluster_from_node_matrix
 from pipette_cp.cost.evaluator.evaluate import Evaluator
 from pipette_cp.cost.network import collectives as comm
-from pipette_cp.cost.network.groups import alltoall_times_s, cp_ring_bandwidths, group_flows
+from pipette_cp.cost.network.parallel_groups import (
+    alltoall_times_s,
+    cp_ring_bandwidths,
+    group_flows,
+)
 from pipette_cp.cost.workload.tokens import dispatch_bytes, moe_layers_by_chunk
 from pipette_cp.errors import InfeasibleError, LayoutError
 from pipette_cp.search.options import SearchOptions
@@ -285,7 +289,7 @@ def test_regrouping_the_replicas_finds_the_best_expert_groups_of_a_tiny_case():
     ("experts", "top_k", "nodes"), [(8, 2, 2), (16, 4, 4), (12, 3, 3), (8, 1, 4)]
 )
 def test_node_dedup_factor_matches_enumerating_every_routing(experts, top_k, nodes):
-    from pipette_cp.cost.network.groups import node_dedup_factor
+    from pipette_cp.cost.network.parallel_groups import node_dedup_factor
 
     node_of = [e * nodes // experts for e in range(experts)]  # experts spread evenly
     distinct = copies = 0
