@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any
 
 from rich.console import Group
@@ -11,26 +12,33 @@ from rich.text import Text
 
 from pipette_cp.cost.memory.peak import MemoryBreakdown
 from pipette_cp.specs import Evaluation, Plan
+from pipette_cp.specs.knobs import KNOBS
 from pipette_cp.units import GB
+
+#: Knob fields reported as they take effect (a plan may leave them None: the default).
+EFFECTIVE: dict[str, Callable[[Plan], Any]] = {
+    "dp_sharding": attrgetter("sharding"),
+    "dp_shard_size": attrgetter("shard_group"),
+}
 
 
 def evaluation_json(
     plan: Plan, evaluation: Evaluation, memory: Sequence[MemoryBreakdown] = ()
 ) -> dict[str, Any]:
-    """The stable JSON contract of ``predict --json`` (GB = 1e9 bytes)."""
+    """The stable JSON contract of ``predict --json`` (GB = 1e9 bytes): the degrees, every
+    knob's fields (:data:`~pipette_cp.specs.knobs.KNOBS`; the sharding as it takes effect),
+    the split, the evaluation."""
+    knobs = {field: EFFECTIVE.get(field, attrgetter(field))(plan)
+             for knob in KNOBS for field in knob.fields}  # fmt: skip
     out = {
         "layout": plan.layout(),
         "dp": plan.dp,
         "pp": plan.pp,
         "tp": plan.tp,
-        "micro_batch_size": plan.micro_batch_size,
-        "vpp": plan.vpp,
-        "sequence_parallel": plan.sequence_parallel,
-        "recompute": plan.recompute,
-        "distributed_optimizer": plan.distributed_optimizer,
-        "dp_sharding": plan.sharding,
-        "dp_shard_size": plan.shard_group,
-        "flash_attention": plan.flash_attention,
+        "cp": plan.cp,
+        "ep": plan.ep,
+        "etp": plan.expert_tp,
+        **knobs,
         "layer_split": list(plan.layer_split),
         "iteration_time_s": evaluation.iteration_time_s,
         "tokens_per_s": evaluation.tokens_per_s,
