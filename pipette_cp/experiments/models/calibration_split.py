@@ -18,6 +18,10 @@ Every row of the three CSVs in ``instances/calibration/`` gets a side,
   held out, every family with rows on both sides.  A family with a single sweep
   is split row by row on the hash of the row's identifying columns instead.
 
+``modern_runs.csv`` is split by :func:`assign_modern_split` with the same rules: the
+family is the source (MLPerf logs, Megatron-Bridge tables) x GPU generation (Hopper,
+B200/B300, GB200/GB300), the sweep is source x model x GPU type.
+
 The split depends only on the rows' contents (not on their order or on Python's
 hash seed), so it is the same on every machine and every run.
 """
@@ -110,15 +114,22 @@ def assign_split(rows: list[dict[str, str]], *, calibration: bool = False) -> li
     """
     if calibration:
         return [FIT] * len(rows)
+    return _split_sweeps(
+        [family(r) for r in rows], [sweep_key(r) for r in rows], [row_key(r) for r in rows]
+    )
+
+
+def _split_sweeps(families: list[str], sweeps_of: list[str], keys: list[str]) -> list[str]:
+    """The sides of rows given each row's family, sweep and identity (module notes)."""
     sweeps: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for i, row in enumerate(rows):
-        sweeps[family(row)][sweep_key(row)].append(i)
-    sides = [FIT] * len(rows)
+    for i, (fam, sweep) in enumerate(zip(families, sweeps_of, strict=True)):
+        sweeps[fam][sweep].append(i)
+    sides = [FIT] * len(keys)
     for groups in sweeps.values():
         total = sum(len(g) for g in groups.values())
         if len(groups) == 1:
             (indices,) = groups.values()
-            ranked = sorted(indices, key=lambda i: _digest(row_key(rows[i])))
+            ranked = sorted(indices, key=lambda i: _digest(keys[i]))
             take = max(1, round(HELD_OUT_TARGET * total)) if total > 1 else 0
             for i in ranked[:take]:
                 sides[i] = HELD_OUT
@@ -138,3 +149,46 @@ def assign_split(rows: list[dict[str, str]], *, calibration: bool = False) -> li
             for i in groups[smallest]:
                 sides[i] = HELD_OUT
     return sides
+
+
+# ------------------------------------------------------------- modern_runs.csv
+#: Columns that identify a row of ``modern_runs.csv``.
+MODERN_IDENTITY = (
+    "row_id", "source_repo", "round", "model_name", "gpu_type", "num_gpus", "tp", "pp", "cp",
+    "vp", "ep", "micro_batch", "global_batch", "precision", "fp8_recipe", "fp4_recipe",
+)  # fmt: skip
+
+
+def modern_source(row: dict[str, str]) -> str:
+    """``mlperf`` (MLPerf Training result logs) or ``bridge`` (Megatron-Bridge tables)."""
+    return "bridge" if "Megatron-Bridge" in row["source_repo"] else "mlperf"
+
+
+def modern_model(row: dict[str, str]) -> str:
+    """The row's model, lower case, letters and digits only, without a parenthesised
+    qualifier (``Qwen3_30B_a3B (tokendrop)`` and ``Qwen3_30B_a3B`` are one model)."""
+    base = re.sub(r"\s*\(.*\)\s*$", "", row["model_name"])
+    return re.sub(r"[^a-z0-9]", "", base.lower())
+
+
+def modern_family(row: dict[str, str]) -> str:
+    """Source x GPU generation (``mlperf|H``, ``bridge|GB``, ...): the unit of the split."""
+    gpu = row["gpu_type"]
+    generation = "GB" if gpu.startswith("GB") else "B" if gpu.startswith("B") else "H"
+    return f"{modern_source(row)}|{generation}"
+
+
+def modern_sweep_key(row: dict[str, str]) -> str:
+    """Source x model x GPU type: every release's and layout's runs of one model on one
+    GPU stay on one side (duplicates of a run fall with it)."""
+    return f"{modern_source(row)}|{modern_model(row)}|{row['gpu_type']}"
+
+
+def assign_modern_split(rows: list[dict[str, str]]) -> list[str]:
+    """:data:`FIT` or :data:`HELD_OUT` for every row of ``modern_runs.csv``: the rules of
+    :func:`assign_split` with :func:`modern_family` as the family and
+    :func:`modern_sweep_key` as the sweep."""
+    keys = ["|".join(r.get(c, "") for c in MODERN_IDENTITY) for r in rows]
+    return _split_sweeps(
+        [modern_family(r) for r in rows], [modern_sweep_key(r) for r in rows], keys
+    )

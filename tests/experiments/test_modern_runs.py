@@ -1,0 +1,140 @@
+"""The 2024-2026 runs (``modern_runs.csv``): every row built or skipped naming a field, the
+split, the report, and the representable rows pinned."""
+
+from __future__ import annotations
+
+import csv
+import math
+import random
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from pipette_cp.cost.evaluator.evaluate import Evaluator
+from pipette_cp.experiments.models.calibration_split import (
+    FIT,
+    HELD_OUT,
+    assign_modern_split,
+    modern_family,
+    modern_sweep_key,
+)
+from pipette_cp.experiments.models.modern_runs import metrics
+from pipette_cp.experiments.models.modern_runs.build import MAX_GPUS, row_setup
+from pipette_cp.experiments.models.modern_runs.evaluate import ModernResult, ModernSkipped, run
+from pipette_cp.experiments.models.modern_runs.features import (
+    MODERN_CSV,
+    READ_COLUMNS,
+    Skip,
+    read_modern_rows,
+)
+from pipette_cp.experiments.models.modern_runs.report import format_report, main
+
+#: Rows, and those representable today; a change that makes more rows representable
+#: updates these deliberately.
+ROWS = 143
+REPRESENTABLE = 85
+#: Skipped rows by their first reason.
+SKIP_REASONS = {
+    "fp8_param_gather=True: FP8 primary weights not modelled": 14,
+    "model_name=Nemotron_3_Super: hybrid Mamba layers not modelled": 14,
+    "kind=lora-finetune: LoRA not modelled": 12,
+    "model_name=Nemotron_3_Nano: hybrid Mamba layers not modelled": 10,
+    "precision=fp4 (nvfp4): not modelled": 6,
+    "model_name=Nemotron_3_Ultra: hybrid Mamba layers not modelled": 2,
+}
+#: Rows per side of the split.
+SIDES = {FIT: 92, HELD_OUT: 51}
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict[str, str]]:
+    return read_modern_rows()
+
+
+@pytest.fixture(scope="module")
+def report() -> tuple[list[ModernResult], list[ModernSkipped]]:
+    return run()
+
+
+def test_the_copy_carries_every_column_the_loader_reads(rows: list[dict[str, str]]) -> None:
+    with open(MODERN_CSV, newline="", encoding="utf-8") as handle:
+        header = next(csv.reader(handle))
+    assert len(header) == len(set(header))
+    assert set(READ_COLUMNS) <= set(header), set(READ_COLUMNS) - set(header)
+    assert len(rows) == ROWS and all(list(r) == header for r in rows)
+    assert len({r["row_id"] for r in rows}) == ROWS
+
+
+def test_every_row_builds_a_plan_of_its_layout_or_is_skipped_naming_a_field(
+    rows: list[dict[str, str]],
+) -> None:
+    for row in rows:
+        try:
+            st = row_setup(row)
+        except Skip as reason:
+            field = re.match(r"([a-z_0-9]+)[=/ :]", str(reason))
+            assert field and field.group(1) in row, (row["row_id"], str(reason))
+            continue
+        plan = st.plan
+        degrees = (plan.tp, plan.pp, plan.cp, plan.vpp, plan.micro_batch_size)
+        stated = tuple(int(row[c] or 1) for c in ("tp", "pp", "cp", "vp", "micro_batch"))
+        assert degrees == stated, row["row_id"]
+        assert plan.ep == int(row["ep"] or 1) and plan.num_gpus <= MAX_GPUS
+        assert plan.num_gpus * st.dp_scale == pytest.approx(int(row["num_gpus"]))
+        assert sum(plan.layer_split) == st.instance.model.num_layers
+        ev = Evaluator(st.instance).evaluate(plan)
+        assert math.isfinite(ev.iteration_time_s) and ev.iteration_time_s > 0
+        assert st.measured_step_s > 0 and st.measured_tokens_per_gpu > 0
+
+
+def test_representable_rows_and_skip_reasons_are_pinned(
+    report: tuple[list[ModernResult], list[ModernSkipped]],
+) -> None:
+    results, skipped = report
+    assert len(results) == REPRESENTABLE and len(results) + len(skipped) == ROWS
+    assert dict(metrics.reasons(skipped)) == SKIP_REASONS
+
+
+def test_the_split_is_deterministic_whole_sweeps_and_both_sides_per_family(
+    rows: list[dict[str, str]],
+) -> None:
+    sides = assign_modern_split(rows)
+    order = list(range(len(rows)))
+    random.Random(7).shuffle(order)
+    shuffled = assign_modern_split([rows[i] for i in order])
+    assert [shuffled[order.index(i)] for i in range(len(rows))] == sides
+    assert dict(Counter(sides)) == SIDES
+    by_sweep: dict[str, set[str]] = {}
+    by_family: dict[str, set[str]] = {}
+    for row, side in zip(rows, sides, strict=True):
+        by_sweep.setdefault(modern_sweep_key(row), set()).add(side)
+        by_family.setdefault(modern_family(row), set()).add(side)
+    assert all(len(s) == 1 for s in by_sweep.values())
+    assert all(s == {FIT, HELD_OUT} for s in by_family.values()), by_family
+
+
+def test_the_report_runs_on_a_few_rows() -> None:
+    ids = {"r0004", "r0025", "r0082", "r0117", "r0356", "r0357", "r0029"}
+    results, skipped = run(row_ids=ids)
+    assert {r.info.row_id for r in results} | {s.info.row_id for s in skipped} == ids
+    text = format_report(results, skipped)
+    for part in ("== coverage", "MAPE", "not to fit", "matched precision pairs",
+                 "measured best", "LoRA not modelled"):  # fmt: skip
+        assert part in text
+    scored, _ = metrics.pairs(results, skipped)
+    assert [(p.base.info.row_id, p.to.info.row_id) for p in scored] == [("r0356", "r0357")]
+    assert not any(r.info.row_id == "r0082" for r in metrics.counted(results))  # a duplicate
+
+
+def test_main_writes_the_csv_and_the_plot(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("matplotlib")
+    out_csv, out_png = tmp_path / "modern.csv", tmp_path / "modern.png"
+    assert main(["--csv", str(out_csv), "--plot", str(out_png)]) == 0
+    assert "representable" in capsys.readouterr().out
+    with open(out_csv, newline="", encoding="utf-8") as handle:
+        lines = list(csv.DictReader(handle))
+    assert len(lines) == ROWS
+    assert sum(line["outcome"].startswith("skipped") for line in lines) == ROWS - REPRESENTABLE
+    assert out_png.stat().st_size > 0
