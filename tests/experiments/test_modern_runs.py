@@ -21,15 +21,23 @@ from pipette_cp.experiments.models.calibration_split import (
     modern_sweep_key,
 )
 from pipette_cp.experiments.models.modern_runs import metrics
-from pipette_cp.experiments.models.modern_runs.build import MAX_GPUS, row_setup
+from pipette_cp.experiments.models.modern_runs.build import (
+    MAX_GPUS,
+    SHAPE_COLUMNS,
+    row_model,
+    row_setup,
+)
 from pipette_cp.experiments.models.modern_runs.evaluate import ModernResult, ModernSkipped, run
 from pipette_cp.experiments.models.modern_runs.features import (
+    BUNDLED,
     MODERN_CSV,
     READ_COLUMNS,
     Skip,
+    model_key,
     read_modern_rows,
 )
 from pipette_cp.experiments.models.modern_runs.report import format_report, main
+from pipette_cp.io.model_file import load_model
 
 #: Rows, and those representable today; a change that makes more rows representable
 #: updates these deliberately.
@@ -87,6 +95,22 @@ def test_every_row_builds_a_plan_of_its_layout_or_is_skipped_naming_a_field(
         ev = Evaluator(st.instance).evaluate(plan)
         assert math.isfinite(ev.iteration_time_s) and ev.iteration_time_s > 0
         assert st.measured_step_s > 0 and st.measured_tokens_per_gpu > 0
+
+
+def test_the_bundled_models_agree_with_the_shapes_the_rows_state(
+    rows: list[dict[str, str]],
+) -> None:
+    """Only the MLPerf Llama 3.1 405B benchmark's vocabulary (32,256) differs."""
+    differ = set()
+    for row in rows:
+        if (key := model_key(row)) in BUNDLED:
+            bundled = load_model(BUNDLED[key])
+            for column, field in SHAPE_COLUMNS.items():
+                if row[column] and int(row[column]) != getattr(bundled, field):
+                    differ.add((key, column, row[column]))
+            if row["kind"] == "pretrain":
+                assert row_model(row).vocab_size == int(row["vocab_size"] or bundled.vocab_size)
+    assert differ == {("llama31405b", "vocab_size", "32256")}
 
 
 def test_representable_rows_and_skip_reasons_are_pinned(
