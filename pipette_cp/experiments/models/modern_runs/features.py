@@ -33,7 +33,8 @@ READ_COLUMNS = (
 GPU_FAMILIES = {"H100": "H100/H200", "H200": "H100/H200", "B200": "B200/B300",
                 "B300": "B200/B300", "GB200": "GB200/GB300", "GB300": "GB200/GB300"}  # fmt: skip
 #: Report labels of the precisions (FP8 by its scaling recipe).
-PRECISIONS = ("bf16", "fp8-delayed", "fp8-tensorwise", "fp8-blockwise", "mxfp8", "nvfp4")
+PRECISIONS = ("bf16", "fp8-delayed", "fp8-tensorwise", "fp8-blockwise", "mxfp8", "nvfp4",
+              "unstated")  # fmt: skip
 #: Model names (lower case, letters and digits only) of the hybrid Mamba-Transformer rows.
 MAMBA_MODELS = ("nemotron3",)
 #: Bundled models (``pipette-cp list models``) by normalised row model name; GPT-OSS is
@@ -83,7 +84,8 @@ def first_word(text: str) -> str:
 
 
 def precision_label(row: dict[str, str]) -> str:
-    """One of :data:`PRECISIONS`.  Rows of release 25.09, whose table states no precision:
+    """One of :data:`PRECISIONS` (``unstated``: a row that names none, three LoRA logs).
+    Rows of release 25.09, whose table states no precision:
     FP8 with current (tensorwise) scaling, and for the parenthesised values the other
     granularity the footnote names (MXFP8 on B200 / GB200, blockwise on H100) -- the same
     layouts of release 25.11 print FP8-CS and MXFP8 within 1 % of these values."""
@@ -95,6 +97,8 @@ def precision_label(row: dict[str, str]) -> str:
     if precision == "fp8":
         recipe = first_word(row["fp8_recipe"])
         return "mxfp8" if recipe == "mxfp8" else f"fp8-{recipe or 'delayed'}"
+    if "precision not stated" not in row["notes"]:
+        return "unstated"
     if not is_second_value(row):
         return "fp8-tensorwise"
     return "fp8-blockwise" if row["gpu_type"].startswith("H") else "mxfp8"

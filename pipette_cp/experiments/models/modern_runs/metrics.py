@@ -15,6 +15,7 @@ from pipette_cp.experiments.models.modern_runs.evaluate import (
     ModernSkipped,
     RowInfo,
 )
+from pipette_cp.experiments.models.modern_runs.features import PRECISIONS
 
 #: The report's groupings: title and a row's label.
 GROUPINGS: dict[str, Callable[[RowInfo], str]] = {
@@ -132,7 +133,7 @@ class Pair:
 
 
 #: Precision order of a pair (the base is the earlier one).
-_ORDER = ("bf16", "fp8-delayed", "fp8-tensorwise", "fp8-blockwise", "mxfp8", "nvfp4")
+_ORDER = PRECISIONS
 
 
 def _setting(i: RowInfo) -> tuple:
