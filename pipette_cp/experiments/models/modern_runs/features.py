@@ -43,7 +43,7 @@ BUNDLED = {
     "gpt3175b": "gpt3-175b", "llama318b": "llama-3.1-8b", "llama38b": "llama-3-8b",
     "llama31405b": "llama-3.1-405b", "deepseekv3": "deepseek-v3",
     "deepseekv3671b": "deepseek-v3", "qwen3235ba22b": "qwen3-235b-a22b",
-    "qwen330ba3b": "qwen3-30b-a3b",
+    "qwen330ba3b": "qwen3-30b-a3b", "llama270blora": "llama-2-70b",
 }  # fmt: skip
 GPT_OSS = "gptoss120b"
 
@@ -136,7 +136,7 @@ def blockers(row: dict[str, str]) -> list[str]:
         out.append("fp8_param_gather=True: FP8 primary weights not modelled")
     if _true(row["cpu_offload"]):
         out.append(f"cpu_offload={row['cpu_offload']}: not modelled")
-    if not row["tp"] and "lora" not in row["kind"]:
+    if not row["tp"]:
         out.append("tp/pp/cp: layout not stated")
     return out
 
