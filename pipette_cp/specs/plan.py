@@ -217,6 +217,12 @@ class Plan(FrozenSpec):
         "weights as the 16 bits the bf16 weights lack (store_param_remainders); needs the "
         "distributed optimizer and Adam.",
     )
+    grad_reduce_in_bf16: bool = Field(
+        default=False,
+        description="Megatron's --grad-reduce-in-bf16: the main gradients kept, accumulated "
+        "and reduced over the data-parallel ranks in bf16 (2 B per parameter instead of "
+        "the fp32 4 B, half the reduce-scatter / all-reduce bytes).",
+    )
     flash_attention: bool = Field(default=True, description="FlashAttention kernels.")
     layer_split: tuple[int, ...] = Field(description="Layers per model chunk, length pp * vpp.")
     placement: Annotated[tuple[tuple[int, ...], ...], WrapValidator(_keep_shared)] = Field(

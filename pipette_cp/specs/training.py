@@ -327,6 +327,11 @@ class SearchSpace(FrozenSpec):
         description="Megatron's precision-aware optimizer (bf16 Adam moments) off / on to try, "
         "where the distributed optimizer runs.",
     )
+    grad_reduce_in_bf16: tuple[bool, ...] = Field(
+        default=(False,),
+        description="Megatron's --grad-reduce-in-bf16 (main gradients in bf16) off / on to "
+        "try, where the training precision is bf16 or fp8.",
+    )
     use_all_gpus: bool | None = Field(
         default=None,
         description="true: dp x pp x tp equals the GPUs of the nodes not excluded; false: it "
@@ -378,6 +383,7 @@ class SearchSpace(FrozenSpec):
         "attention_kernel",
         "fused_norm",
         "precision_aware_optimizer",
+        "grad_reduce_in_bf16",
     )
     @classmethod
     def _not_empty(cls, values: tuple | None) -> tuple | None:

@@ -38,6 +38,7 @@ from pipette_cp.cost.stack.calibration import GpuCalibration, calibration_for, p
 from pipette_cp.cost.stack.frameworks import (
     attention_scale,
     framework_calibration,
+    gradient_bytes,
     optimizer_update_bytes,
 )
 from pipette_cp.cost.stack.kernels import (
@@ -352,7 +353,8 @@ def optimizer_step_time_s(
     moments and writes the last three plus the bf16 weight (30 B/param; SGD with
     momentum 22 B; :func:`~pipette_cp.cost.stack.frameworks.optimizer_update_bytes`),
     the gradient-norm pass reads the gradient (4 B), and the
-    gradient buffer of every local parameter is zeroed (4 B).  The distributed
+    gradient buffer of every local parameter is zeroed (4 B; bf16 main gradients 2 B:
+    :func:`~pipette_cp.cost.stack.frameworks.gradient_bytes`).  The distributed
     optimizer updates 1/(dp cp) of the dense parameters, 1/expert_dp of the experts'.
     """
     cal = calibration_for(gpu)
@@ -362,4 +364,5 @@ def optimizer_step_time_s(
     shard = dense / plan.shard_group + experts / expert_shard_group(plan) \
         if plan.distributed_optimizer else params  # fmt: skip
     update = optimizer_update_bytes(training, plan)
-    return _hbm_time_s(shard * (update + 4.0) + 4.0 * params, gpu, cal)
+    grad = gradient_bytes(training, plan).step  # fp32 main gradients: 4 B
+    return _hbm_time_s(shard * (update + grad) + grad * params, gpu, cal)

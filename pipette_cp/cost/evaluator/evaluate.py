@@ -238,7 +238,7 @@ class Evaluator:
             dp_sync, gather = dp_sync + extra[0], gather + extra[1]
         embedding = 0.0
         if tied:  # all-reduce of the word-embedding gradient between its two copies
-            grad_bytes = gradient_wire_bytes(training)
+            grad_bytes = gradient_wire_bytes(training, plan)
             size = padded_vocab_size(model, tp) * model.hidden_size / tp * grad_bytes
             pair_bw, pair_lat = bw[e0:end].reshape(2, -1).T, lat[e0:end].reshape(2, -1).T
             embedding = float(comm.ring_time_from_links(pair_bw, pair_lat, size).max())

@@ -149,7 +149,10 @@ class ExpertGroupCosts:
         a stage), read-only."""
         training = self.instance.training
         experts = np.repeat(self.param_split(plan, key)[:, 1], per)
-        grad, elem = gradient_wire_bytes(training), float(BYTES_PER_ELEMENT[training.precision])
+        grad, elem = (
+            gradient_wire_bytes(training, plan),
+            float(BYTES_PER_ELEMENT[training.precision]),
+        )
         out = experts * grad, experts * elem
         for array in out:
             array.flags.writeable = False

@@ -57,7 +57,7 @@ from pipette_cp.cost.memory.limits import (
 )
 from pipette_cp.cost.memory.state import state_bytes_per_param
 from pipette_cp.cost.stack.calibration import MEMORY_CALIBRATION, MemoryCalibration
-from pipette_cp.cost.stack.frameworks import resolve_framework
+from pipette_cp.cost.stack.frameworks import gradient_bytes, resolve_framework
 from pipette_cp.cost.stack.kernels import uses_fp8
 from pipette_cp.cost.workload import parameters
 from pipette_cp.cost.workload.parameters import (
@@ -152,7 +152,7 @@ def _temporary_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> fl
         # prefetches one unit ahead: Zhao et al. 2023, "PyTorch FSDP", sec. 3.3).
         fw = resolve_framework(training.framework)
         layer = parameters.largest_layer_params_per_gpu(model, plan)
-        temp += layer * fw.gradient_bytes
+        temp += layer * gradient_bytes(training, plan).buffer
         if plan.sharding == "optim_grads_params":
             temp += 2 * layer * fw.weight_bytes
     if uses_fp8(training) and not state.fp8_weight_bytes_per_layer(model, training, plan):

@@ -7,7 +7,11 @@ framework's bytes per parameter are :mod:`pipette_cp.cost.stack.frameworks`.
 
 from __future__ import annotations
 
-from pipette_cp.cost.stack.frameworks import optimizer_state_bytes, resolve_framework
+from pipette_cp.cost.stack.frameworks import (
+    gradient_bytes,
+    optimizer_state_bytes,
+    resolve_framework,
+)
 from pipette_cp.cost.stack.kernels import keeps_fp8_tensors
 from pipette_cp.cost.workload.parameters import (
     expert_shard_group,
@@ -58,7 +62,7 @@ def stage_fp8_weight_bytes(
 def _state_bytes(training: TrainingSpec, plan: Plan, group: int) -> tuple[float, float, float]:
     fw = resolve_framework(training.framework)
     optimizer = sum(optimizer_state_bytes(training, plan))  # master weights and moments
-    weights, grads = fw.weight_bytes, fw.gradient_bytes
+    weights, grads = fw.weight_bytes, gradient_bytes(training, plan).buffer
     sharding = plan.sharding
     if sharding != "none":
         optimizer /= group
@@ -74,7 +78,8 @@ def state_bytes_per_param(training: TrainingSpec, plan: Plan) -> tuple[float, fl
     """(weight, gradient, optimizer-state) bytes per dense parameter on one GPU.
 
     Megatron mixed precision: 2 + 4 + 12 = 18 B (Adam) or 2 + 4 + 8 (SGD with
-    momentum), or the framework's own (:mod:`pipette_cp.cost.stack.frameworks`); the
+    momentum), or the framework's own (:mod:`pipette_cp.cost.stack.frameworks`; bf16
+    main gradients, ``plan.grad_reduce_in_bf16``: 2 B of gradient); the
     distributed optimizer divides the optimizer part by the data- and context-parallel
     ranks, dp x cp (by the shard group under HSDP), ZeRO-2 the gradients too, ZeRO-3
     the weights too (``plan.sharding``) (megatron/training/theoretical_memory_usage.py:

@@ -1,6 +1,7 @@
 """What the data-parallel group communicates: once per step, and (ZeRO-2/3) per micro-batch.
 
-Megatron reduces the gradients in fp32 under bf16 (``arguments.py``): an
+Megatron reduces the gradients in fp32 under bf16 (``arguments.py``; in bf16 with
+``--grad-reduce-in-bf16``, :func:`gradient_wire_bytes`): an
 all-reduce, or with the distributed optimizer a reduce-scatter, then after the
 step an all-gather of the bf16 parameters (unless ``overlap_param_gather``).
 Sharding the gradients too (ZeRO-2, ``optim_grads``; Rajbhandari et al. 2020)
@@ -27,7 +28,7 @@ import numpy as np
 from pipette_cp.cost.compute.model_chunks import LayerTimes
 from pipette_cp.cost.memory.peak import layer_params_per_gpu
 from pipette_cp.cost.network import collectives as comm
-from pipette_cp.cost.stack.frameworks import resolve_framework
+from pipette_cp.cost.stack.frameworks import gradient_bytes
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.training import GRADIENT_SHARDING, TrainingSpec
@@ -52,26 +53,25 @@ class DpOp(NamedTuple):
 Ops = list[DpOp]
 
 
-def gradient_wire_bytes(training: TrainingSpec) -> float:
-    """Bytes per gradient element on the wire: under bf16 (and fp8, bf16 mixed precision
-    with FP8 GEMMs) the framework's gradient buffer (Megatron reduces its fp32 buffer: 4;
-    a framework keeping two copies, such as DeepSpeed's BF16 optimizer, reduces the fp32
-    one), under fp16 the 2-byte gradients."""
-    if training.precision in ("bf16", "fp8"):
-        return min(resolve_framework(training.framework).gradient_bytes, 4.0)
-    return float(BYTES_PER_ELEMENT[training.precision])
+def gradient_wire_bytes(training: TrainingSpec, plan: Plan | None = None) -> float:
+    """Bytes per gradient element on the wire
+    (:func:`pipette_cp.cost.stack.frameworks.gradient_bytes`, ``wire``): Megatron reduces
+    its fp32 main gradients (4) unless they are bf16 (``plan.grad_reduce_in_bf16``: 2);
+    under fp16 the 2-byte gradients.  The evaluator, the expert rings and the placement
+    masters all read it."""
+    return gradient_bytes(training, plan).wire
 
 
-def _bytes(training: TrainingSpec) -> tuple[float, float]:
+def _bytes(training: TrainingSpec, plan: Plan) -> tuple[float, float]:
     """(parameter, gradient) bytes per element on the wire."""
-    return float(BYTES_PER_ELEMENT[training.precision]), gradient_wire_bytes(training)
+    return float(BYTES_PER_ELEMENT[training.precision]), gradient_wire_bytes(training, plan)
 
 
 def step_collectives(training: TrainingSpec, plan: Plan, params: np.ndarray) -> Ops:
     """The once-per-step collectives of every (stage, tp rank) ring, bytes: the gradient
     sync (phase 0; under HSDP within the shard groups, then across them) and the
     parameter gather (phase 1); absent ones have zero bytes."""
-    elem, grad = _bytes(training)
+    elem, grad = _bytes(training, plan)
     sizes = np.repeat(params, plan.tp)
     none = np.zeros_like(sizes)
     within: Group = "shard" if plan.hybrid else "all"
@@ -91,7 +91,7 @@ def step_collectives(training: TrainingSpec, plan: Plan, params: np.ndarray) -> 
 def per_layer_collectives(model: ModelSpec, training: TrainingSpec, plan: Plan) -> Ops:
     """ZeRO-2/3: one layer's gradient reduce-scatter and weight all-gather, bytes, per
     (stage, tp rank) ring."""
-    elem, grad = _bytes(training)
+    elem, grad = _bytes(training, plan)
     layer = np.full(plan.pp * plan.tp, layer_params_per_gpu(model, plan.tp))
     within: Group = "shard" if plan.hybrid else "all"
     return [

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from pipette_cp.cost.stack.calibration import GpuCalibration
 from pipette_cp.errors import SpecError
 from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.training import FrameworkProfile, TrainingSpec
+from pipette_cp.units import BYTES_PER_ELEMENT
 
 
 @dataclass(frozen=True)
@@ -204,10 +205,49 @@ def resolve_framework(profile: FrameworkProfile) -> Framework:
     return replace(base, **given) if given else base
 
 
+class GradientBytes(NamedTuple):
+    """Bytes of the gradients per parameter, as each part of the cost model reads them
+    (:func:`gradient_bytes`)."""
+
+    #: the gradient buffer a GPU keeps (memory: :mod:`pipette_cp.cost.memory.state`)
+    buffer: float
+    #: per element on the data-parallel collectives (reduce-scatter, all-reduce)
+    wire: float
+    #: per element the optimizer step reads (norm, update) and zeroes
+    step: float
+
+
+#: Megatron's main gradients in bf16 (``--grad-reduce-in-bf16``), bytes per element.
+BF16_GRADIENT_BYTES = 2.0
+
+
+def gradient_bytes(training: TrainingSpec, plan: Plan | None = None) -> GradientBytes:
+    """The gradients' bytes per parameter, the one place that prices them.
+
+    By default the framework's buffer (Megatron's fp32 main gradients: 4 B); on the wire
+    under bf16 (and fp8, bf16 mixed precision with FP8 GEMMs) that buffer (a framework
+    keeping two copies, such as DeepSpeed's BF16 optimizer, reduces the fp32 one: at
+    most 4 B), under fp16 the 2-byte gradients; the optimizer step reads and zeroes the
+    fp32 main gradient (4 B).  With ``plan.grad_reduce_in_bf16`` Megatron keeps the main
+    gradients in bf16 and reduces them in bf16 (``--grad-reduce-in-bf16`` turns off
+    ``accumulate_allreduce_grads_in_fp32``, the DDP's ``grad_reduce_in_fp32``: the grad
+    buffer takes the parameters' dtype): 2 B for all three."""
+    if plan is not None and plan.grad_reduce_in_bf16:
+        return GradientBytes(BF16_GRADIENT_BYTES, BF16_GRADIENT_BYTES, BF16_GRADIENT_BYTES)
+    buffer = resolve_framework(training.framework).gradient_bytes
+    if training.precision in ("bf16", "fp8"):
+        wire = min(buffer, 4.0)
+    else:
+        wire = float(BYTES_PER_ELEMENT[training.precision])
+    return GradientBytes(buffer, wire, 4.0)
+
+
 #: HBM bytes a fused optimizer update moves per parameter of its shard: Adam reads the
 #: fp32 gradient, master weight and two moments and writes the last three and the bf16
 #: weight (30 B); SGD with momentum one moment fewer (22 B).
 OPTIMIZER_UPDATE_BYTES = {"adam": 30.0, "sgd": 22.0}
+#: The fp32 gradient's part of :data:`OPTIMIZER_UPDATE_BYTES` (read once).
+_UPDATE_GRADIENT_BYTES = 4.0
 
 
 def _keeps_remainders(training: TrainingSpec) -> bool:
@@ -237,8 +277,12 @@ def optimizer_update_bytes(training: TrainingSpec, plan: Plan) -> float:
     (:data:`OPTIMIZER_UPDATE_BYTES`).  The precision-aware optimizer reads and writes
     the two moments in bf16 (8 B less) and, with remainders, the master weight as the
     bf16 weight and its remainder, written in place (the separate bf16 write, 2 B, gone):
-    Adam 20 B (22 B without remainders)."""
+    Adam 20 B (22 B without remainders).  The gradient is read at
+    :attr:`GradientBytes.step` (bf16 main gradients: 2 B less)."""
     update = OPTIMIZER_UPDATE_BYTES[training.optimizer]
+    step = gradient_bytes(training, plan).step
+    if step != _UPDATE_GRADIENT_BYTES:
+        update += step - _UPDATE_GRADIENT_BYTES
     if plan.precision_aware_optimizer:
         update -= 8.0 + (2.0 if _keeps_remainders(training) else 0.0)
     return update

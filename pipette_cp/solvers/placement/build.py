@@ -229,7 +229,7 @@ def _stage_tables(
     usable = np.array([usable_memory_bytes(cluster.gpu_types[t], training) for t in types])
     allowed = (memory[:, None] <= usable[None, :]) & (capacity > 0)[None, :]
     elem = BYTES_PER_ELEMENT[training.precision]
-    grad = gradient_wire_bytes(training)  # as the evaluator
+    grad = gradient_wire_bytes(training, plan)  # as the evaluator
     dp = plan.replicas
     params = np.array([stage_params_per_gpu(model, plan, s) for s in range(plan.pp)])
     sync = comm._RING_FACTOR["reduce_scatter" if plan.distributed_optimizer else "all_reduce"]

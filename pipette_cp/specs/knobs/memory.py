@@ -250,7 +250,7 @@ class _PrecisionAware(Degrees, Protocol):
 
 
 #: The frameworks whose optimizer is Megatron-Core's (Transformer Engine's FusedAdam).
-_MEGATRON_CORE = ("megatron-core", "megatron-lm", "nemo")
+MEGATRON_CORE = ("megatron-core", "megatron-lm", "nemo")
 
 
 def _precision_aware_refusal(job: Job, sharding: Sharding) -> str | None:
@@ -262,8 +262,8 @@ def _precision_aware_refusal(job: Job, sharding: Sharding) -> str | None:
         return f"needs Adam (Transformer Engine's FusedAdam), training.optimizer is {t.optimizer}"
     if t.precision == "fp16":
         return "is modelled for bf16 weights (precision bf16 or fp8), precision is fp16"
-    if t.framework.name not in _MEGATRON_CORE:
-        return f"is Megatron-Core's (framework {', '.join(_MEGATRON_CORE)}), not {t.framework.name}"
+    if t.framework.name not in MEGATRON_CORE:
+        return f"is Megatron-Core's (framework {', '.join(MEGATRON_CORE)}), not {t.framework.name}"
     if sharding != "optim":
         return f"needs the distributed optimizer (dp_sharding optim), dp_sharding is {sharding}"
     return None

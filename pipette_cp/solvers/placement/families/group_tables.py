@@ -175,7 +175,7 @@ def build_group_tables(instance: Instance, plan: Plan, node_level: bool) -> Grou
         classes = int(ring_class.max()) + 1
         links = [(s * classes + k, s * units + u, s * units + v)
                  for s in range(pp) for k, u, v in local_links]  # fmt: skip
-        n, grad = plan.expert_dp, gradient_wire_bytes(training)
+        n, grad = plan.expert_dp, gradient_wire_bytes(training, plan)
         factor = 1.0 if plan.distributed_optimizer else 2.0  # reduce-scatter or all-reduce
         experts = np.array([stage_param_split(model, plan, s)[1] for s in range(pp)])
         buffer = experts * grad
