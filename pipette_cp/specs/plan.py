@@ -217,6 +217,12 @@ class Plan(FrozenSpec):
         "weights as the 16 bits the bf16 weights lack (store_param_remainders); needs the "
         "distributed optimizer and Adam.",
     )
+    fp8_param_gather: bool = Field(
+        default=False,
+        description="Megatron's --fp8-param-gather (FP8 primary weights, Transformer Engine's "
+        "fp8_model_init): the layer GEMM weights kept in FP8 only (no bf16 copy), gathered "
+        "by the distributed optimizer in FP8; needs precision fp8 and dp_sharding optim.",
+    )
     grad_reduce_in_bf16: bool = Field(
         default=False,
         description="Megatron's --grad-reduce-in-bf16: the main gradients kept, accumulated "

@@ -327,6 +327,11 @@ class SearchSpace(FrozenSpec):
         description="Megatron's precision-aware optimizer (bf16 Adam moments) off / on to try, "
         "where the distributed optimizer runs.",
     )
+    fp8_param_gather: tuple[bool, ...] = Field(
+        default=(False,),
+        description="Megatron's --fp8-param-gather (FP8 primary weights) off / on to try, "
+        "where FP8 training runs with the distributed optimizer.",
+    )
     grad_reduce_in_bf16: tuple[bool, ...] = Field(
         default=(False,),
         description="Megatron's --grad-reduce-in-bf16 (main gradients in bf16) off / on to "
@@ -383,6 +388,7 @@ class SearchSpace(FrozenSpec):
         "attention_kernel",
         "fused_norm",
         "precision_aware_optimizer",
+        "fp8_param_gather",
         "grad_reduce_in_bf16",
     )
     @classmethod

@@ -22,7 +22,7 @@ from pipette_cp.cost.evaluator.layout_rules import num_micro_batches
 from pipette_cp.cost.evaluator.stage_times import StageTimes
 from pipette_cp.cost.network import collectives as comm
 from pipette_cp.cost.network.alltoall_nodes import group_nodes_of
-from pipette_cp.cost.network.data_parallel import gradient_wire_bytes
+from pipette_cp.cost.network.data_parallel import gradient_wire_bytes, param_wire_bytes
 from pipette_cp.cost.network.parallel_groups import (
     GroupFlows,
     expert_dp_rings,
@@ -149,10 +149,7 @@ class ExpertGroupCosts:
         a stage), read-only."""
         training = self.instance.training
         experts = np.repeat(self.param_split(plan, key)[:, 1], per)
-        grad, elem = (
-            gradient_wire_bytes(training, plan),
-            float(BYTES_PER_ELEMENT[training.precision]),
-        )
+        grad, elem = gradient_wire_bytes(training, plan), param_wire_bytes(training, plan)
         out = experts * grad, experts * elem
         for array in out:
             array.flags.writeable = False

@@ -51,11 +51,21 @@ def stage_fp8_weight_bytes(
 ) -> float:
     """The FP8 weight copies of all the layers of ``stage`` on one GPU: dense layers as
     :func:`fp8_weight_bytes_per_layer`, mixture-of-experts layers their attention,
-    shared-expert and local expert GEMMs (TE ``GroupedLinear`` keeps FP8 copies too)."""
+    shared-expert and local expert GEMMs (TE ``GroupedLinear`` keeps FP8 copies too).
+
+    With FP8 primary weights (``plan.fp8_param_gather``, Megatron's ``--fp8-param-gather``:
+    Transformer Engine's ``fp8_model_init``) those FP8 tensors are the weights: the
+    GEMM weights have no bf16 copy, so this is net of the bf16 bytes the stage's
+    parameters count for them (the row-wise data in the distributed optimizer's FP8
+    buffer and the column-wise copy TE derives after the gather: 2 x 1 B instead of
+    2 B + 2 x 1 B per GEMM weight).  Norms, biases, embeddings and the output layer
+    stay bf16."""
     dense_layers, moe_layers = stage_layer_kinds(model, plan, stage)
     kept = dense_layers * fp8_weight_bytes_per_layer(model, training, plan)
     if moe_layers and _keeps_fp8_weights(training, plan):
         kept += moe_layers * moe_layer_gemm_params_per_gpu(model, plan) * FP8_WEIGHT_BYTES
+    if plan.fp8_param_gather and kept:
+        kept -= kept / FP8_WEIGHT_BYTES * resolve_framework(training.framework).weight_bytes
     return kept
 
 

@@ -3,7 +3,8 @@
 Megatron reduces the gradients in fp32 under bf16 (``arguments.py``; in bf16 with
 ``--grad-reduce-in-bf16``, :func:`gradient_wire_bytes`): an
 all-reduce, or with the distributed optimizer a reduce-scatter, then after the
-step an all-gather of the bf16 parameters (unless ``overlap_param_gather``).
+step an all-gather of the bf16 parameters (FP8 with ``--fp8-param-gather``:
+:func:`param_wire_bytes`; unless ``overlap_param_gather``).
 Sharding the gradients too (ZeRO-2, ``optim_grads``; Rajbhandari et al. 2020)
 reduce-scatters every micro-batch's gradients layer by layer in the backward;
 ZeRO-3 (``optim_grads_params``) also all-gathers each layer's weights before its
@@ -32,7 +33,7 @@ from pipette_cp.cost.stack.frameworks import gradient_bytes
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.training import GRADIENT_SHARDING, TrainingSpec
-from pipette_cp.units import BYTES_PER_ELEMENT
+from pipette_cp.units import BYTES_PER_ELEMENT, FP8_BYTES
 
 #: Which ranks of a DP ring take part: all of them, each HSDP shard group, or each set of
 #: ranks holding the same shard (one per shard group).
@@ -62,9 +63,22 @@ def gradient_wire_bytes(training: TrainingSpec, plan: Plan | None = None) -> flo
     return gradient_bytes(training, plan).wire
 
 
+def param_wire_bytes(training: TrainingSpec, plan: Plan | None = None) -> float:
+    """Bytes per parameter element of the distributed optimizer's (and ZeRO's) parameter
+    all-gather: the compute weights' (bf16, fp16: 2), or with FP8 primary weights
+    (``plan.fp8_param_gather``, Megatron's ``--fp8-param-gather``: "perform the param
+    all-gather in fp8") 1.  Every parameter is counted at 1 B although the norms,
+    biases, embeddings and output layer gather in bf16: a few per cent of a layer stage's
+    parameters, more on the first and last stage of a large vocabulary (assumption, errs
+    low there).  The evaluator, the expert rings and the placement masters read it."""
+    if plan is not None and plan.fp8_param_gather:
+        return float(FP8_BYTES)
+    return float(BYTES_PER_ELEMENT[training.precision])
+
+
 def _bytes(training: TrainingSpec, plan: Plan) -> tuple[float, float]:
     """(parameter, gradient) bytes per element on the wire."""
-    return float(BYTES_PER_ELEMENT[training.precision]), gradient_wire_bytes(training, plan)
+    return param_wire_bytes(training, plan), gradient_wire_bytes(training, plan)
 
 
 def step_collectives(training: TrainingSpec, plan: Plan, params: np.ndarray) -> Ops:

@@ -250,11 +250,16 @@ OPTIMIZER_UPDATE_BYTES = {"adam": 30.0, "sgd": 22.0}
 _UPDATE_GRADIENT_BYTES = 4.0
 
 
-def _keeps_remainders(training: TrainingSpec) -> bool:
+def _keeps_remainders(training: TrainingSpec, plan: Plan) -> bool:
     """Whether the precision-aware optimizer holds the master weights as 16-bit
     remainders: Megatron-Core gives Transformer Engine's FusedAdam the master weights
     (``master_weights``, ``store_param_remainders``, TE >= 2.1) unless FP8 runs a recipe
-    other than delayed scaling, where the distributed optimizer keeps its fp32 copy."""
+    other than delayed scaling, where the distributed optimizer keeps its fp32 copy.
+    FusedAdam stores remainders of bf16 weights only ("works only when param type is
+    BF16"), so FP8 primary weights (``plan.fp8_param_gather``) keep the fp32 master
+    (counted for every parameter: errs high for the bf16 norms and embeddings)."""
+    if plan.fp8_param_gather:
+        return False
     return training.precision != "fp8" or (training.fp8_recipe or "delayed") == "delayed"
 
 
@@ -268,7 +273,7 @@ def optimizer_state_bytes(training: TrainingSpec, plan: Plan) -> tuple[float, fl
     master = fw.master_weight_bytes
     if plan.precision_aware_optimizer:
         moments /= 2
-        master /= 2 if _keeps_remainders(training) else 1
+        master /= 2 if _keeps_remainders(training, plan) else 1
     return master, moments
 
 
@@ -284,7 +289,7 @@ def optimizer_update_bytes(training: TrainingSpec, plan: Plan) -> float:
     if step != _UPDATE_GRADIENT_BYTES:
         update += step - _UPDATE_GRADIENT_BYTES
     if plan.precision_aware_optimizer:
-        update -= 8.0 + (2.0 if _keeps_remainders(training) else 0.0)
+        update -= 8.0 + (2.0 if _keeps_remainders(training, plan) else 0.0)
     return update
 
 

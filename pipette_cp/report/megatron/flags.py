@@ -209,7 +209,8 @@ def megatron_notes(instance: Instance, plan: Plan) -> list[str]:
         notes.append(
             "fp8: costed with every transformer layer's GEMMs in FP8 and the output layer, "
             "attention and element-wise kernels in bf16 (Megatron's defaults); "
-            "--first-last-layers-bf16 or --fp8-param-gather would change what was costed"
+            "--first-last-layers-bf16 would change what was costed (FP8 primary weights, "
+            "--fp8-param-gather, are a knob of the plan)"
         )
     return notes + moe_notes(instance, plan)
 

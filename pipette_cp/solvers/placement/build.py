@@ -27,7 +27,7 @@ from pipette_cp.cost.memory.peak import (
     usable_memory_bytes,
 )
 from pipette_cp.cost.network import collectives as comm
-from pipette_cp.cost.network.data_parallel import gradient_wire_bytes
+from pipette_cp.cost.network.data_parallel import gradient_wire_bytes, param_wire_bytes
 from pipette_cp.cost.network.tp_rings import best_partition, partition_is_complete, ring_bandwidths
 from pipette_cp.cost.workload.parameters import stage_param_split
 from pipette_cp.cost.workload.tokens import unit_tokens
@@ -229,12 +229,13 @@ def _stage_tables(
     usable = np.array([usable_memory_bytes(cluster.gpu_types[t], training) for t in types])
     allowed = (memory[:, None] <= usable[None, :]) & (capacity > 0)[None, :]
     elem = BYTES_PER_ELEMENT[training.precision]
-    grad = gradient_wire_bytes(training, plan)  # as the evaluator
+    # gradient and parameter bytes on the DP rings, as the evaluator
+    grad, gathered = gradient_wire_bytes(training, plan), param_wire_bytes(training, plan)
     dp = plan.replicas
     params = np.array([stage_params_per_gpu(model, plan, s) for s in range(plan.pp)])
     sync = comm._RING_FACTOR["reduce_scatter" if plan.distributed_optimizer else "all_reduce"]
     gather_on = plan.distributed_optimizer and not training.overlap_param_gather
-    gather_ratio = (elem / (sync * grad)) if gather_on else 0.0
+    gather_ratio = (gathered / (sync * grad)) if gather_on else 0.0
     synced = params
     if model.is_moe and expert_rings_apart(plan):  # the experts have rings of their own
         synced = np.array([stage_param_split(model, plan, s)[0] for s in range(plan.pp)])
@@ -244,7 +245,7 @@ def _stage_tables(
         # ZeRO-2 gathers the stage's parameters once per step (step_collectives)
         sync, synced = 1.0, np.full(plan.pp, layer_params_per_gpu(model, plan.tp))
         gather_on = plan.sharding == "optim_grads"
-        gather_ratio = params[0] * elem / (synced[0] * grad) if gather_on else 0.0
+        gather_ratio = params[0] * gathered / (synced[0] * grad) if gather_on else 0.0
     act = unit_tokens(training, plan) * model.hidden_size * elem  # s b / cp tokens
     emb = padded_vocab_size(model, plan.tp) * model.hidden_size / plan.tp * grad
     return {
@@ -259,5 +260,5 @@ def _stage_tables(
         "sync_factor": sync * (dp - 1), "gather_factor": (dp - 1.0) if gather_on else 0.0,
         # tied-embedding all-reduce over a pair: 2 (2-1)/2 bytes / slowest link
         "emb_bytes": emb,
-        "class_layer": np.array(layer), "layer_gather_ratio": elem / grad,
+        "class_layer": np.array(layer), "layer_gather_ratio": gathered / grad,
     }  # fmt: skip

@@ -45,7 +45,7 @@ from pipette_cp.cost.evaluator.expert_groups import (
     peer_bytes,
 )
 from pipette_cp.cost.network import collectives as comm
-from pipette_cp.cost.network.data_parallel import gradient_wire_bytes
+from pipette_cp.cost.network.data_parallel import gradient_wire_bytes, param_wire_bytes
 from pipette_cp.cost.network.parallel_groups import (
     GroupFlows,
     alltoall_times_s,
@@ -60,7 +60,6 @@ from pipette_cp.solvers.placement.data import PlacementData
 from pipette_cp.solvers.placement.family import Reading
 from pipette_cp.specs import Instance, Plan
 from pipette_cp.specs.training import GRADIENT_SHARDING
-from pipette_cp.units import BYTES_PER_ELEMENT
 
 #: (stage, u, v, peers of each rank of u in v, flows u -> v)
 A2aPair = tuple[int, int, int, int, int]
@@ -182,7 +181,7 @@ def build_group_tables(instance: Instance, plan: Plan, node_level: bool) -> Grou
         ering = factor * (n - 1) / n * buffer
         esync = factor * (n - 1)
         if plan.distributed_optimizer and not training.overlap_param_gather:
-            egather_ratio = BYTES_PER_ELEMENT[training.precision] / (factor * grad)
+            egather_ratio = param_wire_bytes(training, plan) / (factor * grad)
             egather_factor = n - 1.0
         if standard and exact:
             priced.add("ering")
