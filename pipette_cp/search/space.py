@@ -12,7 +12,11 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Any
 
-from pipette_cp.cost.stack.kernels import NVIDIA_ONLY_ATTENTION, is_hopper
+from pipette_cp.cost.stack.kernels import (
+    NVIDIA_ONLY_ATTENTION,
+    is_hopper,
+    unknown_architecture_hint,
+)
 from pipette_cp.errors import SpecError
 from pipette_cp.specs import Instance, Plan, SearchSpace
 from pipette_cp.specs.knobs import KNOBS, Job
@@ -262,15 +266,16 @@ _DONE = object()
 def check_kernels(instance: Instance, space: SearchSpace) -> None:
     """Raise :class:`SpecError` for an attention kernel of ``space`` the cluster's GPUs
     cannot run: FlashAttention 3 on GPUs other than Hopper, NVIDIA-only kernels on
-    others."""
+    others (by each GPU's ``architecture``)."""
     if space.attention_kernel is None:
         return
-    others = [g.name for g in instance.cluster.gpu_types.values() if not is_hopper(g)]
+    others = [g for g in instance.cluster.gpu_types.values() if not is_hopper(g)]
     if "flash3" in space.attention_kernel and others:
         raise SpecError(
             "search_space.attention_kernel",
             space.attention_kernel,
-            f"flash3 runs on Hopper GPUs (H100, H200) only; the cluster has {others[0]}",
+            f"flash3 runs on Hopper GPUs (H100, H200) only; the cluster has {others[0].name}"
+            + unknown_architecture_hint(others[0], "hopper"),
         )
     amd = [g.name for g in instance.cluster.gpu_types.values() if g.vendor != "NVIDIA"]
     if amd and (nvidia := [k for k in space.attention_kernel if k in NVIDIA_ONLY_ATTENTION]):

@@ -102,7 +102,7 @@ def _matrix_model(**over: object) -> dict[str, object]:
 BAD_INPUTS = {
     "missing file": (None, "no such file"),
     "unknown instance": ("no-such-instance", "no such file or bundled instance"),
-    "unknown GPU": ({"cluster": _nominal(gpu="B300")}, "unknown GPU"),
+    "unknown GPU": ({"cluster": _nominal(gpu="R100")}, "unknown GPU"),
     "non-square matrix": (
         {"cluster": _nominal(node_bandwidth_gb_per_s=[[None, 20]])},
         "node_bandwidth_gb_per_s",

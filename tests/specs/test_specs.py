@@ -65,8 +65,8 @@ def test_moe_accepted_but_refused_where_unsupported() -> None:
 
 
 def test_unknown_gpu_lists_known_ones() -> None:
-    with pytest.raises(SpecError, match=r"gpu='B300'.*H100-SXM5-80GB"):
-        resolve_gpu("B300")
+    with pytest.raises(SpecError, match=r"gpu='R100'.*H100-SXM5-80GB"):
+        resolve_gpu("R100")
 
 
 def test_inline_gpu_definition() -> None:

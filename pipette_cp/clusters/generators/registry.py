@@ -17,7 +17,9 @@ themselves (documented parameters and defaults, with their sources) are
 reach are :attr:`GeneratorInfo.targets` (checked by :func:`check_targets`).  Rack-scale
 systems whose NVLink domains span several nodes are registered beside them in
 :data:`RACK_GENERATORS`: :func:`~pipette_cp.clusters.generators.nvlink.gb200_nvl72` (G7, alias
-``nvl72``), racks of 18 GB200 trays x 4 GPUs; :data:`ALL_GENERATORS` holds both.
+``nvl72``) and :func:`~pipette_cp.clusters.generators.nvlink.gb300_nvl72` (G8), racks of
+18 GB200 or GB300 trays x 4 GPUs (or a Slurm segment of each, ``segment_trays``);
+:data:`ALL_GENERATORS` holds both.
 :func:`generate` also builds the fabrics of :mod:`~pipette_cp.clusters.generators.trees` (fat-tree).
 """
 
@@ -29,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from pipette_cp.clusters.generators import nvlink
 from pipette_cp.clusters.generators.fabric import Fabric
 from pipette_cp.clusters.generators.failslow import failslow
 from pipette_cp.clusters.generators.faults import (
@@ -38,7 +41,6 @@ from pipette_cp.clusters.generators.faults import (
     oversubscribed,
 )
 from pipette_cp.clusters.generators.healthy import h100_multileaf, healthy_a100, v100_cube
-from pipette_cp.clusters.generators.nvlink import NVL72_SOURCES, gb200_nvl72
 from pipette_cp.clusters.generators.params import call_builder, integer, parameters_of
 from pipette_cp.clusters.generators.targets import Range, Targets, measure, measure_timeline
 from pipette_cp.clusters.generators.trees import TREE_GENERATORS, generate_tree, nodes_of, tree_info
@@ -229,28 +231,26 @@ GENERATORS: dict[str, GeneratorInfo] = {
 }
 
 
-def _targets_g7(params: Mapping[str, Any]) -> Targets:
-    nic = float(params.get("nic_gbytes_per_s", 40.0))
-    ratio = nic / float(params.get("nvlink_gbytes_per_s", 900.0))
-    return Targets(
-        healthy_cv=None,  # NVLink inside a rack, NICs across: two levels 20x apart
-        degraded_fraction=None,
-        cross_group_ratio_all=(0.9 * ratio, 1.1 * ratio),
-        min_nodes=36,
-        notes="across racks / inside a rack ~ nic / nvlink (40 / 900), the NVLink pairs "
-        "capped at the nominal rate",
-    )
-
-
 #: Rack-scale systems: NVLink domains of several nodes (``nodes_per_nvlink_domain``).
 RACK_GENERATORS: dict[str, GeneratorInfo] = {
-    "gb200-nvl72": GeneratorInfo(
-        "gb200-nvl72",
-        "nvl72",
-        "G7 GB200 NVL72 racks: 18 trays x 4 GPUs per NVLink domain, ConnectX-7 across",
-        gb200_nvl72,
-        NVL72_SOURCES,
-        _targets_g7,
+    info.kind: info
+    for info in (
+        GeneratorInfo(
+            "gb200-nvl72",
+            "nvl72",
+            "G7 GB200 NVL72 racks: 18 trays x 4 GPUs per NVLink domain, ConnectX-7 across",
+            nvlink.gb200_nvl72,
+            (*nvlink.NVL72_SOURCES, nvlink.SEGMENT_SOURCE),
+            nvlink.rack_targets(40.0),
+        ),
+        GeneratorInfo(
+            "gb300-nvl72",
+            "g8",
+            "G8 GB300 NVL72 racks: 18 trays x 4 GPUs per NVLink domain, ConnectX-8 across",
+            nvlink.gb300_nvl72,
+            nvlink.GB300_NVL72_SOURCES,
+            nvlink.rack_targets(80.0),
+        ),
     )
 }
 #: Every registered generator.
@@ -260,7 +260,8 @@ _BY_ALIAS = {info.alias: info for info in ALL_GENERATORS.values()}
 
 
 def generator_info(kind: str) -> GeneratorInfo:
-    """The registered generator called ``kind`` or its alias (``g1`` ... ``g6``, ``nvl72``)."""
+    """The registered generator called ``kind`` or its alias (``g1`` ... ``g6``, ``nvl72``,
+    ``g8``)."""
     key = kind.strip().lower() if isinstance(kind, str) else None  # a list is no kind either
     info = (ALL_GENERATORS.get(key) or _BY_ALIAS.get(key)) if key is not None else None
     if info is None:
@@ -313,7 +314,7 @@ def generate(
     Parameters
     ----------
     kind : str
-        A key of :data:`ALL_GENERATORS` or its alias (``g1`` ... ``g6``, ``nvl72``).
+        A key of :data:`ALL_GENERATORS` or its alias (``g1`` ... ``g6``, ``nvl72``, ``g8``).
     nodes : int
         Number of servers (>= 1: one node is a single NVLink domain with no node pairs;
         ``oversubscribed`` needs two pods; statistics match their targets from ~16).

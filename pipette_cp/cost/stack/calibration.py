@@ -141,6 +141,13 @@ DEFAULT_GPU_CALIBRATION = GpuCalibration(
 
 #: H200 is the H100 chip with more and faster HBM (the GpuSpec carries both).
 _FAMILY_ALIASES = {"H200": "H100", "H800": "H100", "A800": "A100"}
+#: The family of a GPU whose name names none, by its architecture: every Hopper part
+#: (H800, H20, GH200) takes the H100's fitted values until rows of its own are fitted
+#: (the GpuSpec carries its own peaks and HBM; H20's 78 SMs differ from the family's
+#: 132: an assumption on its wave quantisation).  Blackwell has no fitted family yet:
+#: B300 and GB300 take what B200 and GB200 take, the conservative default, until a fit
+#: on Blackwell rows says otherwise.
+_ARCHITECTURE_FAMILY = {"hopper": "H100"}
 
 #: Memory calibration, fitted on the 7 BLOOM rows (nvidia-smi, A100 80GB).
 MEMORY_CALIBRATION = MemoryCalibration(
@@ -162,12 +169,18 @@ _MIN_PEAK = 1 * TFLOPS
 
 
 def gpu_family(gpu: GpuSpec) -> str:
-    """Family key of a GPU ('A100-SXM4-80GB' -> 'A100'); '' when unknown."""
+    """Family key of a GPU ('A100-SXM4-80GB' -> 'A100'), from its name, else from its
+    architecture (:data:`_ARCHITECTURE_FAMILY`: 'H20-96GB' -> 'H100'); '' when unknown.
+
+    >>> from pipette_cp.specs.gpu import resolve_gpu
+    >>> [gpu_family(resolve_gpu(g)) for g in ("h800", "h20", "gh200", "b300", "gb300")]
+    ['H100', 'H100', 'H100', '', '']
+    """
     name = gpu.name.upper()
     for family in (*GPU_CALIBRATION, *_FAMILY_ALIASES):
         if family in name:
             return _FAMILY_ALIASES.get(family, family)
-    return ""
+    return _ARCHITECTURE_FAMILY.get(gpu.architecture, "")
 
 
 def calibration_for(gpu: GpuSpec) -> GpuCalibration:

@@ -12,12 +12,10 @@ to FP8.
 
 from __future__ import annotations
 
-import re
-
 from pipette_cp.cost.stack.frameworks import resolve_framework
 from pipette_cp.cost.workload.latent_attention import attention_cast_elements
 from pipette_cp.errors import SpecError
-from pipette_cp.specs.gpu import GpuSpec
+from pipette_cp.specs.gpu import Architecture, GpuSpec
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.training import (
@@ -78,24 +76,21 @@ ALTERNATIVES: tuple[AttentionKernel, ...] = (
 )  # fmt: skip
 
 
-#: Blackwell and later GPU names (compute capability >= 10): B100, B200, GB200, B300, ...
-BLACKWELL_NAME = re.compile(r"(^|[^A-Za-z])G?B[1-9]\d{2}($|[^0-9])|blackwell", re.IGNORECASE)
-
-
 def is_blackwell(gpu: GpuSpec) -> bool:
-    """Whether ``gpu`` is an NVIDIA Blackwell part or later (B200, GB200), by its name.
+    """Whether ``gpu`` is a data-centre Blackwell part (B200, GB200, B300, GB300), by its
+    ``architecture``.
 
     >>> from pipette_cp.specs.gpu import resolve_gpu
-    >>> is_blackwell(resolve_gpu("gb200")), is_blackwell(resolve_gpu("h100"))
+    >>> is_blackwell(resolve_gpu("gb300")), is_blackwell(resolve_gpu("h100"))
     (True, False)
     """
-    return gpu.vendor == "NVIDIA" and BLACKWELL_NAME.search(gpu.name) is not None
+    return gpu.architecture == "blackwell"
 
 
 def is_hopper(gpu: GpuSpec) -> bool:
-    """Whether ``gpu`` is a Hopper part (H100, H200): FlashAttention 3 runs only there
-    (Blackwell B200/GB200 and AMD MI300X are not Hopper)."""
-    return gpu.vendor == "NVIDIA" and any(tag in gpu.name.upper() for tag in ("H100", "H200"))
+    """Whether ``gpu`` is a Hopper part (H100, H200, H800, H20, GH200), by its
+    ``architecture``: FlashAttention 3 runs only there."""
+    return gpu.architecture == "hopper"
 
 
 def stack_kernel(training: TrainingSpec, gpu: GpuSpec, plan: Plan | None = None) -> AttentionKernel:
@@ -118,14 +113,23 @@ def stack_kernel(training: TrainingSpec, gpu: GpuSpec, plan: Plan | None = None)
         raise SpecError(
             field,
             kernel,
-            f"FlashAttention 3 runs on Hopper GPUs (H100, H200) only, not {gpu.name}; "
-            f"use one of {others}",
+            f"FlashAttention 3 runs on Hopper GPUs (H100, H200) only, not {gpu.name}"
+            f"{unknown_architecture_hint(gpu, 'hopper')}; use one of {others}",
         )
     if amd and kernel in NVIDIA_ONLY_ATTENTION:
         raise SpecError(
             field, kernel, f"runs on NVIDIA GPUs only, not {gpu.name} (AMD); use one of {others}"
         )
     return kernel
+
+
+def unknown_architecture_hint(gpu: GpuSpec, needed: str) -> str:
+    """What a refusal adds for a GPU of unknown architecture: how to set it (``needed``:
+    the architectures the feature runs on); nothing for a known one."""
+    if gpu.architecture != "unknown":
+        return ""
+    return (f" (its architecture is unknown: not given, and its name tells none; set "
+            f"gpu.architecture to {needed} if it is one)")  # fmt: skip
 
 
 def uses_fused_attention(training: TrainingSpec, plan: Plan) -> bool:
@@ -210,10 +214,19 @@ FP8_CAST_BYTES: dict[Fp8Recipe, float] = {
 FP8_RECIPE_RATE: dict[Fp8Recipe, float] = {
     "delayed": 1.0, "tensorwise": 1.0, "blockwise": 0.83, "mxfp8": 0.89
 }  # fmt: skip
-#: The recipes on each architecture (Megatron-Core low-precision training guide,
-#: "Hardware and recipe compatibility": delayed and tensorwise on Hopper, Ada and
-#: Blackwell; blockwise on Hopper and Blackwell; mxfp8 on Blackwell).  An AMD GPU with FP8
-#: tensor cores (MI300X) runs the tensor-scaled recipes.
+#: The architectures that run each recipe: Transformer Engine, "Datatype and hardware
+#: support matrix" (FP8 per tensor, i.e. delayed and current scaling, needs compute
+#: capability 8.9: Ada, Hopper, Blackwell; FP8 block scaling runs on Hopper and
+#: Blackwell; MXFP8 on data-centre Blackwell, 10.0 and 10.3, only), as the Megatron-Core
+#: low-precision training guide's "Hardware and recipe compatibility".  AMD Instinct GPUs
+#: with FP8 tensor cores (cdna3: MI300X; cdna4) run the tensor-scaled recipes.
+FP8_RECIPE_ARCHITECTURES: dict[Fp8Recipe, tuple[Architecture, ...]] = {
+    "delayed": ("ada", "hopper", "blackwell", "cdna3", "cdna4"),
+    "tensorwise": ("ada", "hopper", "blackwell", "cdna3", "cdna4"),
+    "blockwise": ("hopper", "blackwell"),
+    "mxfp8": ("blackwell",),
+}
+#: How the refusals of the block recipes name their GPUs.
 _BLOCK_RECIPES = {"blockwise": "Hopper or Blackwell GPUs (H100, H200, B200, GB200)",
                   "mxfp8": "Blackwell GPUs (B200, GB200)"}  # fmt: skip
 
@@ -240,35 +253,54 @@ def fp8_format(training: TrainingSpec) -> Fp8Format:
 
 
 def check_precision(training: TrainingSpec, gpu: GpuSpec) -> None:
-    """Refuse a precision ``gpu`` cannot run.
+    """Refuse a precision ``gpu`` cannot run, by its ``architecture``
+    (:data:`FP8_RECIPE_ARCHITECTURES`) and its FP8 peak.
 
     Raises
     ------
     SpecError
-        FP8 on a GPU without FP8 tensor cores (no ``peak_fp8_flops_per_s``: V100, A100);
-        blockwise scaling elsewhere than on Hopper or Blackwell, MXFP8 elsewhere than on
-        Blackwell.
+        A block recipe on another architecture (blockwise elsewhere than on Hopper or
+        Blackwell, MXFP8 elsewhere than on Blackwell), first, so that a GPU without FP8
+        tensor cores hears which architectures run it; FP8 on a GPU without FP8 tensor
+        cores (no ``peak_fp8_flops_per_s``: V100, A100); a tensor-scaled recipe on an
+        architecture before Ada (a user GPU that gives an FP8 peak anyway).
     """
     if not uses_fp8(training):
         return
-    if gpu.peak_fp8_flops_per_s is None:
+    recipe = fp8_recipe(training)
+    allowed = FP8_RECIPE_ARCHITECTURES[recipe]
+    fp8_cores = gpu.peak_fp8_flops_per_s is not None
+    if recipe in _BLOCK_RECIPES and gpu.architecture not in allowed:
+        if fp8_cores and gpu.architecture != "unknown":
+            raise SpecError(
+                "training.fp8_recipe",
+                recipe,
+                f"runs on {_BLOCK_RECIPES[recipe]} only, not {gpu.name}; use delayed, "
+                + ("tensorwise or blockwise" if is_hopper(gpu) else "or tensorwise"),
+            )
+        raise SpecError("training.fp8_recipe", recipe, _architecture_refusal(gpu, allowed))
+    if not fp8_cores:
         raise SpecError(
             "training.precision",
             "fp8",
             f"FP8 needs FP8 tensor cores (H100, H200, B200, GB200, MI300X); {gpu.name} has "
             "none (its peak_fp8_flops_per_s is not set)",
         )
-    recipe = fp8_recipe(training)
-    if recipe not in _BLOCK_RECIPES:
-        return
-    allowed = is_blackwell(gpu) or (recipe == "blockwise" and is_hopper(gpu))
-    if not allowed:
-        raise SpecError(
-            "training.fp8_recipe",
-            recipe,
-            f"runs on {_BLOCK_RECIPES[recipe]} only, not {gpu.name}; use delayed, "
-            + ("tensorwise or blockwise" if is_hopper(gpu) else "or tensorwise"),
-        )
+    if gpu.architecture not in (*allowed, "unknown"):
+        raise SpecError("training.precision", "fp8", _architecture_refusal(gpu, allowed))
+
+
+def _architecture_refusal(gpu: GpuSpec, allowed: tuple[Architecture, ...]) -> str:
+    """``needs gpu.architecture a, b or c; <name>'s is '<arch>'`` and what to do instead."""
+    names = ", ".join(allowed[:-1]) + f" or {allowed[-1]}" if len(allowed) > 1 else allowed[0]
+    text = f"needs gpu.architecture {names}; {gpu.name}'s is '{gpu.architecture}'"
+    if gpu.architecture == "unknown":
+        text += " (not given, and its name tells none): set gpu.architecture if it is one"
+        return text + (", else use delayed or tensorwise" if gpu.peak_fp8_flops_per_s else
+                       ", else train in bf16")  # fmt: skip
+    if gpu.peak_fp8_flops_per_s is None:
+        return text + ", without FP8 tensor cores: train in bf16"
+    return text + ": train in bf16"
 
 
 def fp8_gemm_rate(training: TrainingSpec) -> float:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import shlex
 
 from pipette_cp.cost.evaluator.evaluate import evaluate
-from pipette_cp.cost.stack.kernels import BLACKWELL_NAME, attention_kernel, fp8_format, fp8_recipe
+from pipette_cp.cost.stack.kernels import attention_kernel, fp8_format, fp8_recipe
 from pipette_cp.errors import LayoutError, SpecError, UnsupportedError
 from pipette_cp.report.megatron.check import check_megatron_argv
 from pipette_cp.report.megatron.moe_flags import architecture_flags, moe_notes, parallel_flags
@@ -293,11 +293,12 @@ def uses_fsdp(plan: Plan) -> bool:
 
 
 def before_blackwell(instance: Instance) -> bool:
-    """Whether some node's GPU predates Blackwell (compute capability < 10), judged by
-    its name; unknown names count as older (the safe side of the rule below)."""
+    """Whether some node's GPU predates Blackwell: CUDA compute capability < 10, from its
+    ``architecture``; an AMD or unknown architecture (no compute capability) counts as
+    older (the safe side of the rule below)."""
     cluster = instance.cluster
-    names = {cluster.gpu_of_node(n).name for n in range(cluster.num_nodes)}
-    return any(not BLACKWELL_NAME.search(name) for name in names)
+    gpus = [cluster.gpu_of_node(n) for n in range(cluster.num_nodes)]
+    return any((gpu.compute_capability or (0, 0)) < (10, 0) for gpu in gpus)
 
 
 def megatron_environment(instance: Instance, plan: Plan) -> dict[str, str | None]:

@@ -51,6 +51,13 @@ SHEETS = {
     "MI300X-OAM-192GB": Datasheet(196288, 192, 1307.4, 2614.9, 5.3, 896,
                                   ("192 GB HBM3", "1307.4 TFLOP/s dense bf16",
                                    "2614.9 TFLOP/s dense fp8", "5.3 TB/s", "896 GB/s")),
+    # the Hopper variants and Blackwell Ultra, one line each
+    "H800-SXM5-80GB": Datasheet(81559, 80, 989, 1979, 3.35, 400, ("80 GB HBM3", "989 TFLOP/s dense bf16", "1979 TFLOP/s dense fp8", "3.35 TB/s", "NVLink 400 GB/s")),
+    "H20-96GB": Datasheet(97871, 96, 148, 296, 4.0, 900, ("96 GB HBM3", "148 TFLOP/s dense bf16", "296 TFLOP/s dense fp8", "4.0 TB/s", "NVLink 900 GB/s", "assumption")),
+    "GH200-96GB": Datasheet(97871, 96, 989, 1979, 4.0, 900, ("96 GB HBM3 at 4 TB/s", "989 TFLOP/s dense bf16", "1979 TFLOP/s dense fp8", "NVLink 900 GB/s")),
+    "GH200-144GB": Datasheet(146831, 144, 989, 1979, 4.9, 900, ("144 GB HBM3e at 4.9 TB/s", "NVLink-C2C")),
+    "B300-SXM-288GB": Datasheet(275040, 288, 2250, 4500, 8, 1800, ("288 GB HBM3e", "2250 TFLOP/s dense bf16", "4500 TFLOP/s dense fp8", "8 TB/s HBM3e", "NVLink 5 1.8 TB/s")),
+    "GB300-NVL72-288GB": Datasheet(284208, 288, 2500, 5000, 8, 1800, ("288 GB HBM3e", "2500 TFLOP/s dense bf16", "5000 TFLOP/s dense fp8", "8 TB/s HBM3e (576 TB/s per rack)", "1.8 TB/s")),
 }  # fmt: skip
 
 
@@ -133,7 +140,8 @@ def test_vendor_and_architecture_by_name() -> None:
     renamed = {**resolve_gpu("mi300x").model_dump(), "name": "AMD Instinct MI250X"}
     assert resolve_gpu(renamed).vendor == "AMD"
     hopper = {name for name, gpu in GPU_CATALOG.items() if is_hopper(gpu)}
-    assert hopper == {"H100-SXM5-80GB", "H200-SXM-141GB"}
+    assert hopper == {"H100-SXM5-80GB", "H200-SXM-141GB", "H800-SXM5-80GB", "H20-96GB",
+                      "GH200-96GB", "GH200-144GB"}  # fmt: skip
     for name in ("B200-SXM-180GB", "GB200-NVL72-186GB", "MI300X-OAM-192GB"):
         assert not calibration_for(GPU_CATALOG[name]).fitted  # no rows: the cautious default
 
