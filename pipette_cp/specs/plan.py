@@ -229,6 +229,15 @@ class Plan(FrozenSpec):
         "and reduced over the data-parallel ranks in bf16 (2 B per parameter instead of "
         "the fp32 4 B, half the reduce-scatter / all-reduce bytes).",
     )
+    optimizer_offload_fraction: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="Megatron-Core's optimizer CPU offload (--optimizer-cpu-offload "
+        "--optimizer-offload-fraction): the fraction of each GPU's optimizer shard (fp32 "
+        "master weights and Adam moments) kept and updated on the host; 0: off.  Needs the "
+        "distributed optimizer and Adam.",
+    )
     flash_attention: bool = Field(default=True, description="FlashAttention kernels.")
     layer_split: tuple[int, ...] = Field(description="Layers per model chunk, length pp * vpp.")
     placement: Annotated[tuple[tuple[int, ...], ...], WrapValidator(_keep_shared)] = Field(

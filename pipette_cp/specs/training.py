@@ -337,6 +337,12 @@ class SearchSpace(FrozenSpec):
         description="Megatron's --grad-reduce-in-bf16 (main gradients in bf16) off / on to "
         "try, where the training precision is bf16 or fp8.",
     )
+    optimizer_offload_fraction: tuple[float, ...] = Field(
+        default=(0.0,),
+        description="Fractions of the optimizer state offloaded to the host to try (Megatron-"
+        "Core's --optimizer-offload-fraction, each in [0, 1]; 0: off), where the distributed "
+        "optimizer runs with Adam.",
+    )
     use_all_gpus: bool | None = Field(
         default=None,
         description="true: dp x pp x tp equals the GPUs of the nodes not excluded; false: it "
@@ -357,6 +363,13 @@ class SearchSpace(FrozenSpec):
         description="What the search minimises: the iteration time, or GPU-seconds per "
         "iteration (throughput-per-gpu: time x GPUs used, for cost).",
     )
+
+    @field_validator("optimizer_offload_fraction")
+    @classmethod
+    def _fractions(cls, values: tuple[float, ...]) -> tuple[float, ...]:
+        if bad := [v for v in values if not 0.0 <= v <= 1.0]:
+            raise ValueError(f"fractions must lie in [0, 1], got {bad}")
+        return values
 
     @field_validator("exclude_nodes")
     @classmethod
@@ -390,6 +403,7 @@ class SearchSpace(FrozenSpec):
         "precision_aware_optimizer",
         "fp8_param_gather",
         "grad_reduce_in_bf16",
+        "optimizer_offload_fraction",
     )
     @classmethod
     def _not_empty(cls, values: tuple | None) -> tuple | None:

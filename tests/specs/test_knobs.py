@@ -43,7 +43,7 @@ def test_every_search_space_field_is_a_degree_a_knob_field_or_not_a_knob() -> No
 
 
 def _alternatives(field: str, current: object) -> list[object]:
-    """Other values of a plan field, from its annotation (bool, Literal, int, None)."""
+    """Other values of a plan field, from its annotation (bool, Literal, int, float, None)."""
     annotation = Plan.model_fields[field].annotation
     union = get_origin(annotation) in (Union, types.UnionType)
     options: list[object] = []
@@ -54,6 +54,8 @@ def _alternatives(field: str, current: object) -> list[object]:
             options += list(get_args(arg))
         elif arg is int:
             options += [1, 2, 4]
+        elif arg is float:
+            options += [0.0, 0.5, 1.0]
         elif arg is type(None):
             options.append(None)
     return [v for v in options if v != current]

@@ -39,6 +39,7 @@ from pipette_cp.cost.stack.frameworks import (
     attention_scale,
     framework_calibration,
     gradient_bytes,
+    host_optimizer_time_s,
     optimizer_update_bytes,
 )
 from pipette_cp.cost.stack.kernels import (
@@ -354,8 +355,11 @@ def optimizer_step_time_s(
     momentum 22 B; :func:`~pipette_cp.cost.stack.frameworks.optimizer_update_bytes`),
     the gradient-norm pass reads the gradient (4 B), and the
     gradient buffer of every local parameter is zeroed (4 B; bf16 main gradients 2 B:
-    :func:`~pipette_cp.cost.stack.frameworks.gradient_bytes`).  The distributed
-    optimizer updates 1/(dp cp) of the dense parameters, 1/expert_dp of the experts'.
+    :func:`~pipette_cp.cost.stack.frameworks.gradient_bytes`).  An offloaded optimizer
+    (``plan.optimizer_offload_fraction``) updates the rest of the shard on the device and
+    adds the host's part (:func:`~pipette_cp.cost.stack.frameworks.host_optimizer_time_s`).
+    The distributed optimizer updates 1/(dp cp) of the dense parameters, 1/expert_dp of
+    the experts'.
     """
     cal = calibration_for(gpu)
     dense, experts = stage_param_split(model, plan, stage)  # MTP modules included
@@ -365,4 +369,7 @@ def optimizer_step_time_s(
         if plan.distributed_optimizer else params  # fmt: skip
     update = optimizer_update_bytes(training, plan)
     grad = gradient_bytes(training, plan).step  # fp32 main gradients: 4 B
+    if offloaded := plan.optimizer_offload_fraction:  # the host updates that share
+        hbm = (1.0 - offloaded) * shard * update + shard * grad + grad * params
+        return _hbm_time_s(hbm, gpu, cal) + host_optimizer_time_s(offloaded * shard)
     return _hbm_time_s(shard * (update + grad) + grad * params, gpu, cal)

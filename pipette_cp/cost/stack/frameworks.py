@@ -267,14 +267,20 @@ def optimizer_state_bytes(training: TrainingSpec, plan: Plan) -> tuple[float, fl
     """(master weight, moments) bytes per parameter of the optimizer state, before any
     sharding: the framework's (Adam two moments, SGD one); with the precision-aware
     optimizer the moments in bf16 (half) and the master weights as the 16 bits the bf16
-    weight lacks (half, :func:`_keeps_remainders`)."""
+    weight lacks (half, :func:`_keeps_remainders`).  Offloading a fraction ``f`` of the
+    optimizer (``plan.optimizer_offload_fraction``) keeps ``1 - f`` of it on the GPU:
+    Megatron-Core's ``HybridDeviceOptimizer`` puts the first ``f`` of the shard's
+    elements on the host and gives the rest an fp32 copy and torch's Adam moments on the
+    device (``param_update_in_fp32``): the framework's fp32 bytes, 12 B with Adam."""
     fw = resolve_framework(training.framework)
     moments = fw.optimizer_state_bytes * (1.0 if training.optimizer == "adam" else 0.5)
     master = fw.master_weight_bytes
     if plan.precision_aware_optimizer:
         moments /= 2
         master /= 2 if _keeps_remainders(training, plan) else 1
-    return master, moments
+    if kept := 1.0 - plan.optimizer_offload_fraction:  # the rest lives on the host
+        return master * kept, moments * kept
+    return 0.0, 0.0
 
 
 def optimizer_update_bytes(training: TrainingSpec, plan: Plan) -> float:
@@ -291,6 +297,35 @@ def optimizer_update_bytes(training: TrainingSpec, plan: Plan) -> float:
     if plan.precision_aware_optimizer:
         update -= 8.0 + (2.0 if _keeps_remainders(training, plan) else 0.0)
     return update
+
+
+#: The host link of a GPU that offloads its optimizer, bytes/s each way: PCIe 4.0 x16
+#: (PCI-SIG: 16 GT/s per lane, 128b/130b coding: 31.5 GB/s) at 80 % of it (assumption;
+#: PCIe 5.0 on H100/B200 and Grace's NVLink-C2C are faster, so this errs slow).
+HOST_LINK_BYTES_PER_S = 0.8 * 31.5e9
+#: Bytes per offloaded parameter over that link in one step: its gradient down and its
+#: updated weight up, each at the wider of the two dtypes the copies convert between
+#: (the host keeps fp32: 4 + 4 B; assumption, errs slow for bf16 gradients).
+HOST_LINK_BYTES_PER_PARAM = 8.0
+#: Host memory traffic of the CPU Adam step per parameter: it reads the fp32 weight,
+#: gradient and two moments and writes the weight and moments (28 B).
+HOST_ADAM_BYTES_PER_PARAM = 28.0
+#: Host memory bandwidth one GPU's CPU optimizer gets, bytes/s (assumption: a two-socket
+#: host, a few hundred GB/s of DDR5, shared by its 8 GPUs' optimizers at well under
+#: peak: 20 GB/s each, conservative).
+HOST_ADAM_BYTES_PER_S = 20e9
+
+
+def host_optimizer_time_s(offloaded_params: float) -> float:
+    """The host part of an offloaded optimizer step for ``offloaded_params`` parameters
+    of one GPU's shard: the gradients' copy to the host, the CPU Adam update and the
+    weights' copy back, one after the other (Megatron-Core's ``HybridDeviceOptimizer``
+    without ``--overlap-cpu-optimizer-d2h-h2d``, which the export does not set: the
+    device optimizer steps first, then the host ones, each after its gradients arrived).
+    The rates are conservative assumptions (:data:`HOST_LINK_BYTES_PER_S`,
+    :data:`HOST_ADAM_BYTES_PER_S`)."""
+    link = HOST_LINK_BYTES_PER_PARAM / HOST_LINK_BYTES_PER_S
+    return offloaded_params * (link + HOST_ADAM_BYTES_PER_PARAM / HOST_ADAM_BYTES_PER_S)
 
 
 def framework_calibration(cal: GpuCalibration, training: TrainingSpec) -> GpuCalibration:

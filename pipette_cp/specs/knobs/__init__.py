@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from operator import attrgetter
 from typing import Any
 
-from pipette_cp.specs.knobs import batching, kernels, memory, precision
+from pipette_cp.specs.knobs import batching, kernels, memory, offload, precision
 from pipette_cp.specs.knobs.base import Flag, Job, Knob, Phase, PlanFlag, Rule, SpaceFlag
 
 __all__ = [
@@ -37,7 +37,13 @@ __all__ = [
 ]
 
 #: Every knob, in enumeration order.
-KNOBS: tuple[Knob[Any], ...] = (*batching.KNOBS, *memory.KNOBS, *kernels.KNOBS, *precision.KNOBS)
+KNOBS: tuple[Knob[Any], ...] = (
+    *batching.KNOBS,
+    *memory.KNOBS,
+    *kernels.KNOBS,
+    *precision.KNOBS,
+    *offload.KNOBS,
+)
 #: The parallel degrees: plan fields and search-space fields of the same names.
 DEGREES = ("dp", "pp", "tp", "cp", "ep", "etp")
 #: Plan fields that are neither degrees nor knobs.
