@@ -4,11 +4,24 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field, ValidatorFunctionWrapHandler, WrapValidator, model_validator
+from pydantic import (
+    Field,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    field_validator,
+    model_validator,
+)
 
 from pipette_cp.specs._base import FrozenSpec
 from pipette_cp.specs.knobs import knob_labels
-from pipette_cp.specs.training import FUSED_ATTENTION, AttentionKernel, Recompute, Sharding
+from pipette_cp.specs.training import (
+    FUSED_ATTENTION,
+    AttentionKernel,
+    Recompute,
+    RecomputeModule,
+    Sharding,
+    module_set,
+)
 
 _PART = "Part of the sum (the causes add up to iteration_time_s). "
 
@@ -185,6 +198,13 @@ class Plan(FrozenSpec):
     vpp: int = Field(default=1, gt=0, description="Model chunks per stage (interleaving).")
     sequence_parallel: bool = Field(default=False, description="Megatron --sequence-parallel.")
     recompute: Recompute = Field(default="none", description="Activation recomputation.")
+    recompute_modules: tuple[RecomputeModule, ...] | None = Field(
+        default=None,
+        description="The modules selective recomputation redoes (Megatron-Core's "
+        "--recompute-modules: core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, "
+        "shared_experts), in Megatron's order; None: Megatron's default, core_attn alone "
+        "(also what [core_attn] reads as).  Only with recompute selective.",
+    )
     distributed_optimizer: bool = Field(default=False, description="ZeRO-1 optimizer sharding.")
     attention_kernel: AttentionKernel | None = Field(
         default=None,
@@ -248,6 +268,20 @@ class Plan(FrozenSpec):
     )
     evaluation: Evaluation | None = Field(default=None, description="Predicted performance.")
     solve_info: SolveInfo | None = Field(default=None, description="How the plan was found.")
+
+    @field_validator("recompute_modules", mode="before")
+    @classmethod
+    def _module_set(cls, value: object) -> object:
+        return module_set(value)
+
+    @field_validator("recompute_modules")
+    @classmethod
+    def _default_modules(
+        cls, value: tuple[RecomputeModule, ...] | None
+    ) -> tuple[RecomputeModule, ...] | None:
+        if value == ():
+            raise ValueError("must name at least one module (or be left out)")
+        return None if value == ("core_attn",) else value
 
     @model_validator(mode="before")
     @classmethod

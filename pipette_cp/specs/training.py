@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -16,6 +16,12 @@ Fp8Recipe = Literal["delayed", "tensorwise", "blockwise", "mxfp8"]
 Fp8Format = Literal["e4m3", "hybrid"]
 Optimizer = Literal["adam", "sgd"]
 Recompute = Literal["none", "selective", "full"]
+#: Megatron-Core's ``--recompute-modules`` (``TransformerConfig.recompute_modules``) of
+#: selective recomputation, in Megatron's order; its default is ``core_attn`` alone.
+RecomputeModule = Literal[
+    "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"
+]
+RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = get_args(RecomputeModule)
 Sharding = Literal["none", "optim", "optim_grads", "optim_grads_params"]
 Objective = Literal["time", "throughput-per-gpu"]
 #: Megatron --moe-token-dispatcher-type (flex: DeepEP's node-deduplicating all-to-all)
@@ -36,6 +42,19 @@ MAX_SEQ_LENGTH = 2**21
 MAX_BYTES_PER_PARAMETER = 64.0
 #: Largest memory amount (headroom, runtime) in bytes: 1 PiB.
 MAX_MEMORY_BYTES = float(2**50)
+
+
+def module_set(value: object) -> object:
+    """A set of recomputed modules as given (a tuple, or text: ``core_attn,mlp``,
+    ``core_attn+mlp`` or ``core_attn mlp``) in Megatron's order without repeats; other
+    values as they are, for the field's own validation."""
+    if isinstance(value, str):
+        value = [name for part in value.replace("+", ",").replace(" ", ",").split(",")
+                 if (name := part.strip())]  # fmt: skip
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        order = {name: i for i, name in enumerate(RECOMPUTE_MODULES)}
+        return tuple(sorted(dict.fromkeys(value), key=lambda v: order.get(v, len(order))))
+    return value
 
 
 class FrameworkProfile(FrozenSpec):
@@ -295,6 +314,12 @@ class SearchSpace(FrozenSpec):
     recompute: tuple[Recompute, ...] = Field(
         default=("none", "selective", "full"), description="Activation recomputation granularity."
     )
+    recompute_modules: tuple[tuple[RecomputeModule, ...], ...] | None = Field(
+        default=None,
+        description="Module sets of selective recomputation to try (Megatron-Core's "
+        "--recompute-modules; each a list such as [core_attn, mlp], or core_attn+mlp), where "
+        "the model has those modules; None: Megatron's default, core_attn alone.",
+    )
     distributed_optimizer: tuple[bool, ...] = Field(
         default=(True, False), description="Megatron --use-distributed-optimizer (ZeRO-1) on / off."
     )
@@ -363,6 +388,22 @@ class SearchSpace(FrozenSpec):
         description="What the search minimises: the iteration time, or GPU-seconds per "
         "iteration (throughput-per-gpu: time x GPUs used, for cost).",
     )
+
+    @field_validator("recompute_modules", mode="before")
+    @classmethod
+    def _module_sets(cls, values: object) -> object:
+        if isinstance(values, (list, tuple)):
+            return tuple(dict.fromkeys(module_set(v) for v in values))  # type: ignore[misc]
+        return values
+
+    @field_validator("recompute_modules")
+    @classmethod
+    def _named_modules(
+        cls, values: tuple[tuple[RecomputeModule, ...], ...] | None
+    ) -> tuple[tuple[RecomputeModule, ...], ...] | None:
+        if values is not None and (not values or not all(values)):
+            raise ValueError("must name at least one module set of at least one module")
+        return values
 
     @field_validator("optimizer_offload_fraction")
     @classmethod

@@ -43,7 +43,8 @@ def test_every_search_space_field_is_a_degree_a_knob_field_or_not_a_knob() -> No
 
 
 def _alternatives(field: str, current: object) -> list[object]:
-    """Other values of a plan field, from its annotation (bool, Literal, int, float, None)."""
+    """Other values of a plan field, from its annotation (bool, Literal, int, float, a
+    tuple of Literal names, None)."""
     annotation = Plan.model_fields[field].annotation
     union = get_origin(annotation) in (Union, types.UnionType)
     options: list[object] = []
@@ -56,6 +57,9 @@ def _alternatives(field: str, current: object) -> list[object]:
             options += [1, 2, 4]
         elif arg is float:
             options += [0.0, 0.5, 1.0]
+        elif get_origin(arg) is tuple and get_origin(get_args(arg)[0]) is Literal:
+            names = get_args(get_args(arg)[0])  # a set of names: the first, the last alone
+            options += [(names[0],), (names[-1],)]
         elif arg is type(None):
             options.append(None)
     return [v for v in options if v != current]

@@ -98,6 +98,9 @@ class LayerWork:
     #: bytes of one expert-tensor-parallel all-gather (and of the reduce-scatter) of the
     #: routed tokens, ``X h`` (0 with etp = 1 and in a dense layer)
     expert_collective_bytes: float
+    #: the MLP's share of ``elementwise_bytes``: the activation and (MoE) the router,
+    #: permute/unpermute and shared-expert gate kernels (what recomputing it redoes)
+    mlp_elementwise_bytes: float = 0.0
 
 
 def _elementwise_forward_bytes(
@@ -166,9 +169,8 @@ def layer_work(model: ModelSpec, training: TrainingSpec, plan: Plan, moe: bool) 
             if g.name not in ATTENTION_CORE
         )
         activation = s * b // plan.cp * model.ffn_hidden_size / t
-        return LayerWork(
-            gemms, None, _elementwise_forward_bytes(model, training, plan, activation), 4, 0.0
-        )
+        moved = _elementwise_forward_bytes(model, training, plan, activation)
+        return LayerWork(gemms, None, moved, 4, 0.0, activation * activation_bytes(model, training))
     if not model.is_moe:
         raise SpecError("model.num_experts", model.num_experts, "a dense model has no "
                         "mixture-of-experts layer to time (moe=True)")  # fmt: skip
@@ -194,6 +196,9 @@ def layer_work(model: ModelSpec, training: TrainingSpec, plan: Plan, moe: bool) 
         elementwise_bytes=moved + logits * per_logit + permute + gate,
         activation_collectives=4 if model.shared_expert_width else 2,
         expert_collective_bytes=copies * h * elem if plan.expert_tp > 1 else 0.0,
+        mlp_elementwise_bytes=(
+            logits * per_logit + permute + gate + activation * activation_bytes(model, training)
+        ),
     )
 
 

@@ -4,7 +4,8 @@ Per layer and tensor-parallel rank: every GEMM (GQA and SwiGLU widths derived)
 at a size-dependent achieved FLOP/s capped by the HBM roofline, memory-bound
 element-wise work at HBM bandwidth, and the TP collectives over the intra-node
 link.  Backward = 2 x the forward GEMMs (FlashAttention 2.5 x); full recompute
-adds one forward, selective the attention core.  Under fp8 training the layer GEMMs
+adds one forward, selective the attention core (and Megatron-Core's other named modules
+their forward: :mod:`pipette_cp.cost.compute.recompute_time`).  Under fp8 training the layer GEMMs
 (QKV, projection, FC1, FC2) run at the FP8 ceiling
 (:func:`~pipette_cp.cost.compute.gemm.fp8_gemm_time_s`) plus the
 HBM traffic of their casts to FP8 (:func:`pipette_cp.cost.stack.kernels.fp8_cast_bytes`);
@@ -32,6 +33,7 @@ from pipette_cp.cost.compute.context_ring import check_cp_bandwidth, ring_expose
 from pipette_cp.cost.compute.gemm import fp8_gemm_time_s, gemm_time_s
 from pipette_cp.cost.compute.gemm import hbm_time_s as _hbm_time_s
 from pipette_cp.cost.compute.layer_work import check_profile, layer_fp8_cast_bytes, layer_work
+from pipette_cp.cost.compute.recompute_time import module_recompute_s
 from pipette_cp.cost.compute.stage_extras import boundary_times as _boundary_times
 from pipette_cp.cost.compute.stage_extras import mtp_times, tp_collective_time_s
 from pipette_cp.cost.stack.calibration import GpuCalibration, calibration_for, peak_flops
@@ -57,6 +59,7 @@ from pipette_cp.cost.workload.sliding_window import window_tile_fraction
 from pipette_cp.cost.workload.tokens import moe_layers_by_chunk
 from pipette_cp.errors import SpecError
 from pipette_cp.specs.gpu import GpuSpec
+from pipette_cp.specs.knobs.recompute import selective_modules
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.profile import LayerProfile
@@ -202,9 +205,17 @@ def layer_times(
         recompute = forward
         comm_bwd += comm_fwd
         cp_bwd += cp_fwd
-    elif plan.recompute == "selective":  # the attention core, with its K/V ring
-        recompute = core_fwd + cp_fwd
+    elif plan.recompute_modules is None and plan.recompute == "selective":
+        recompute = core_fwd + cp_fwd  # the attention core, with its K/V ring
         cp_bwd += cp_fwd
+    elif plan.recompute == "selective":  # Megatron-Core's named modules
+        attention = "core_attn" in selective_modules(plan)
+        recompute = core_fwd + cp_fwd if attention else 0.0
+        cp_bwd += cp_fwd if attention else 0.0
+        extra, extra_comm = module_recompute_s(
+            model, training, gpu, plan, cal, work, tp_bandwidth_bytes_per_s, moe
+        )
+        recompute, comm_bwd = recompute + extra, comm_bwd + extra_comm
     else:
         recompute = 0.0
     return LayerTimes(forward, backward + recompute, comm_fwd, comm_bwd, recompute, cp_fwd, cp_bwd)

@@ -33,6 +33,7 @@ from pipette_cp.cost.network.parallel_groups import (
 from pipette_cp.cost.workload.parameters import stage_param_split
 from pipette_cp.cost.workload.tokens import dispatch_bytes, moe_layers_by_chunk, rank_tokens
 from pipette_cp.specs.instance import Instance
+from pipette_cp.specs.knobs.recompute import selective_modules
 from pipette_cp.specs.plan import Plan
 from pipette_cp.units import BYTES_PER_ELEMENT
 
@@ -43,8 +44,11 @@ def expert_rings_apart(plan: Plan) -> bool:
 
 
 def alltoalls_per_layer(plan: Plan) -> tuple[float, float]:
-    """(forward, backward) all-to-alls per MoE layer and micro-batch."""
-    return 2.0, 4.0 if plan.recompute == "full" else 2.0
+    """(forward, backward) all-to-alls per MoE layer and micro-batch: the backward runs
+    the dispatch and combine again when it recomputes the MoE block (full recomputation,
+    or Megatron-Core's ``moe`` module)."""
+    again = plan.recompute == "full" or "moe" in selective_modules(plan)
+    return 2.0, 4.0 if again else 2.0
 
 
 def peer_bytes(instance: Instance, plan: Plan) -> float:

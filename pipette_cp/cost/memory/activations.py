@@ -82,9 +82,9 @@ def full_layer_activation_bytes(
     if fused:
         core = 4.0 * heads * (s / plan.cp) * b / t
     elif plan.recompute == "selective":
-        core = 0.0
+        core = 0.0  # core_attn recomputed (without it: memory_recompute.module_savings)
     else:
-        core = heads * (s / plan.cp) * s * b * (2.0 + 3.0 * drop) / t
+        core = memory_recompute.unfused_core_bytes(model, training, plan)
     total = replicated + split + core
     return (total + memory_moe.moe_mlp_activation_bytes(model, training, plan)) if moe else total
 
@@ -131,7 +131,10 @@ def kept_layer_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan, moe: 
     if (plan.recompute == "selective" and not moe and uses_fused_attention(training, plan)
             and resolve_framework(training.framework).op_selective_recompute):  # fmt: skip
         return memory_recompute.op_selective_layer_bytes(model, training, plan)  # torchtitan's
-    return full_layer_activation_bytes(model, training, plan, moe)
+    full = full_layer_activation_bytes(model, training, plan, moe)
+    if plan.recompute_modules is None:  # none, or Megatron's default selective (core_attn)
+        return full
+    return full - memory_recompute.module_savings(model, training, plan, moe)
 
 
 def embedding_activation_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:

@@ -31,7 +31,9 @@ The transient dispatch and combine buffers (all-to-all send and receive, the sor
 copy by local expert; or the gathered tokens of the allgather dispatcher) and the
 context-parallel ring's key/value buffers are working set (:func:`moe_temporary_bytes`,
 :func:`cp_temporary_bytes`).  Selective recomputation is Megatron's default
-(``--recompute-modules core_attn``): the MoE terms stay.
+(``--recompute-modules core_attn``): the MoE terms stay, unless Megatron-Core's ``moe``,
+``shared_experts``, ``moe_act`` or ``layernorm`` modules are recomputed
+(:func:`pipette_cp.cost.memory.recompute.module_savings`).
 """
 
 from __future__ import annotations

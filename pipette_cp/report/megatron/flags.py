@@ -24,7 +24,7 @@ import shlex
 from pipette_cp.cost.evaluator.evaluate import evaluate
 from pipette_cp.cost.stack.kernels import attention_kernel, fp8_format, fp8_recipe
 from pipette_cp.errors import LayoutError, SpecError, UnsupportedError
-from pipette_cp.report.megatron.check import check_megatron_argv
+from pipette_cp.report.megatron.check import argument_table, check_megatron_argv
 from pipette_cp.report.megatron.moe_flags import architecture_flags, moe_notes, parallel_flags
 from pipette_cp.solvers.split import megatron_split_args
 from pipette_cp.specs import Instance, Plan
@@ -42,9 +42,19 @@ _POSITIONS = {"learned": "learned_absolute", "rope": "rope"}
 LAYOUT_FLAG = "--pipeline-model-parallel-layout"
 
 
+def _values(flag: str, value: str) -> list[str]:
+    """A flag's value tokens: one, or the space-separated list of an option that takes
+    several (``nargs`` + or * in Megatron's parser: ``--recompute-modules core_attn mlp``)."""
+    option = argument_table().get(flag)
+    return value.split() if option is not None and option.nargs in ("+", "*") else [value]
+
+
 def _render(flags: list[Flag]) -> list[str]:
-    """``"--flag value"`` strings, the value quoted for the shell."""
-    return [flag if value is None else f"{flag} {shlex.quote(value)}" for flag, value in flags]
+    """``"--flag value"`` strings, the value(s) quoted for the shell."""
+    return [
+        flag if value is None else " ".join([flag, *map(shlex.quote, _values(flag, value))])
+        for flag, value in flags
+    ]
 
 
 def model_flags(instance: Instance) -> list[Flag]:
@@ -283,8 +293,8 @@ def megatron_args(instance: Instance, plan: Plan) -> list[str]:
 
 def megatron_argv(instance: Instance, plan: Plan) -> list[str]:
     """:func:`megatron_flags` as the argument vector the training script receives."""
-    return [token for flag, value in megatron_flags(instance, plan) for token in (flag, value)
-            if token is not None]  # fmt: skip
+    return [token for flag, value in megatron_flags(instance, plan)
+            for token in (flag, *(() if value is None else _values(flag, value)))]  # fmt: skip
 
 
 def uses_fsdp(plan: Plan) -> bool:

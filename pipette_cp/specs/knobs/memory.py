@@ -1,4 +1,5 @@
-"""The memory knobs: sequence parallelism, recomputation and data-parallel sharding."""
+"""The memory knobs: sequence parallelism, recomputation (:mod:`.recompute`), data-parallel
+sharding and the precision-aware optimizer."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from typing import Protocol
 
 from pipette_cp.errors import LayoutError
 from pipette_cp.specs.knobs.base import Degrees, Flag, Job, Knob, Phase, PlanFlag, Rule, SpaceFlag
-from pipette_cp.specs.training import GRADIENT_SHARDING, Recompute, Sharding, TrainingSpec
+from pipette_cp.specs.knobs.recompute import MEGATRON_CORE, RECOMPUTE
+from pipette_cp.specs.training import GRADIENT_SHARDING, Sharding, TrainingSpec
 
 
 # ------------------------------------------------------------- sequence parallelism
@@ -44,37 +46,6 @@ SEQUENCE_PARALLEL: Knob[_SequenceParallel] = Knob(
         PlanFlag(
             "sequence_parallel", "sp", ("--sp/--no-sp",), "Sequence parallelism.", bool, False
         ),
-    ),
-)
-
-
-# ------------------------------------------------------------------- recomputation
-class _Recomputed(Protocol):
-    @property
-    def recompute(self) -> Recompute: ...
-
-
-_RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
-_RECOMPUTE_LABEL = {"selective": "sel", "full": "full"}
-
-
-def _recompute_megatron(training: TrainingSpec, plan: _Recomputed) -> list[Flag]:
-    if plan.recompute == "selective":
-        return [("--recompute-granularity", "selective")]
-    if plan.recompute == "full":
-        return [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
-                ("--recompute-num-layers", "1")]  # fmt: skip
-    return []
-
-
-RECOMPUTE: Knob[_Recomputed] = Knob(
-    name="recompute",
-    choices=lambda job, layout: job.space.recompute,
-    label=lambda plan: (_RECOMPUTE_LABEL[plan.recompute],) if plan.recompute != "none" else (),
-    megatron=_recompute_megatron,
-    lightest=lambda space: space.recompute or _RECOMPUTE,
-    predict_flags=(
-        PlanFlag("recompute", "recompute", (), "Activation recomputation.", _RECOMPUTE, "none"),
     ),
 )
 
@@ -247,10 +218,6 @@ class _PrecisionAware(Degrees, Protocol):
     def precision_aware_optimizer(self) -> bool: ...
     @property
     def sharding(self) -> Sharding: ...
-
-
-#: The frameworks whose optimizer is Megatron-Core's (Transformer Engine's FusedAdam).
-MEGATRON_CORE = ("megatron-core", "megatron-lm", "nemo")
 
 
 def _precision_aware_refusal(job: Job, sharding: Sharding) -> str | None:

@@ -7,7 +7,7 @@ from typing import Protocol
 
 from pipette_cp.errors import LayoutError
 from pipette_cp.specs.knobs.base import Degrees, Flag, Job, Knob, Phase, PlanFlag, Rule, SpaceFlag
-from pipette_cp.specs.knobs.memory import MEGATRON_CORE
+from pipette_cp.specs.knobs.recompute import MEGATRON_CORE
 from pipette_cp.specs.training import Sharding, TrainingSpec
 
 

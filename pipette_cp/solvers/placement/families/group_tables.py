@@ -59,6 +59,7 @@ from pipette_cp.cost.workload.tokens import cp_chunk_bytes, moe_layers_by_chunk
 from pipette_cp.solvers.placement.data import PlacementData
 from pipette_cp.solvers.placement.family import Reading
 from pipette_cp.specs import Instance, Plan
+from pipette_cp.specs.knobs.recompute import selective_modules
 from pipette_cp.specs.training import GRADIENT_SHARDING
 
 #: (stage, u, v, peers of each rank of u in v, flows u -> v)
@@ -192,7 +193,8 @@ def build_group_tables(instance: Instance, plan: Plan, node_level: bool) -> Grou
         moe_chunks=moe_layers_by_chunk(model, plan), a2a_counts=counts,
         cp_edges=tuple(cp_edges), cp_chunk_bytes=cp_chunk_bytes(model, training, plan),
         cp_layers=np.asarray(plan.layer_split, dtype=float), cp_thresholds=thresholds,
-        cp_recompute=plan.recompute != "none", ering_edges=tuple(links),
+        cp_recompute=plan.recompute == "full" or "core_attn" in selective_modules(plan),
+        ering_edges=tuple(links),
         ering_classes=classes, ering_ring_class=ring_class, ering_buffer=buffer,
         ering_bytes=ering,
         esync_factor=esync, egather_ratio=egather_ratio, egather_factor=egather_factor,
