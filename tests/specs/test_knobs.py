@@ -109,6 +109,10 @@ def test_plan_key_is_the_cost_key_and_the_placement() -> None:
         ({"flash_attention": False}, "dp8-pp2-tp2-mb1-nofa"),
         ({"attention_kernel": "eager", "fused_norm": False}, "dp8-pp2-tp2-mb1-nofa-eager-nofusednorm"),
         ({"attention_kernel": "cudnn", "fused_norm": True}, "dp8-pp2-tp2-mb1-cudnn"),
+        ({"recompute": "selective", "recompute_modules": "mlp,core_attn"}, "dp8-pp2-tp2-mb1-sel:core_attn+mlp"),
+        ({"dp_sharding": "optim", "precision_aware_optimizer": True, "fp8_param_gather": True,
+          "grad_reduce_in_bf16": True, "optimizer_offload_fraction": 0.5},
+         "dp8-pp2-tp2-mb1-do-bf16adam-fp8param-bf16grad-offload0.5"),
     ],
 )  # fmt: skip
 def test_labels_come_from_the_knobs_in_their_order(knobs: dict[str, Any], label: str) -> None:

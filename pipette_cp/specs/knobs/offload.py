@@ -60,7 +60,13 @@ def _offload_refusal(
     return None
 
 
+#: The choices when the space leaves the optimizer on the GPU (shared: only read).
+_NONE: list[float] = [0.0]
+
+
 def _offload_choices(job: Job, layout: _Chosen) -> list[float]:
+    if job.space.optimizer_offload_fraction == (0.0,):
+        return _NONE
     why = _offload_refusal(job, layout.dp_sharding or "none", layout.precision_aware_optimizer,
                            layout.fp8_param_gather)  # fmt: skip
     return [f for f in job.space.optimizer_offload_fraction if why is None or not f] or [0.0]

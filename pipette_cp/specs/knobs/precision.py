@@ -50,7 +50,13 @@ class _ShardingChosen(Protocol):
     def dp_sharding(self) -> Sharding | None: ...
 
 
+#: The choices of a boolean knob the space leaves off (shared: the search only reads it).
+OFF: list[bool] = [False]
+
+
 def _fp8_params_choices(job: Job, layout: _ShardingChosen) -> list[bool]:
+    if job.space.fp8_param_gather == (False,):
+        return OFF
     runs = _fp8_params_refusal(job, layout.dp_sharding or "none") is None
     return [on for on in job.space.fp8_param_gather if runs or not on] or [False]
 
@@ -106,6 +112,8 @@ class _Bf16Gradients(Degrees, Protocol):
 
 
 def _bf16_grads_choices(job: Job, layout: Degrees) -> list[bool]:
+    if job.space.grad_reduce_in_bf16 == (False,):
+        return OFF
     runs = megatron_refusal(job, "--grad-reduce-in-bf16") is None
     return [on for on in job.space.grad_reduce_in_bf16 if runs or not on] or [False]
 

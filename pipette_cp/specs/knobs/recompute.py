@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Protocol
 
 from pipette_cp.errors import LayoutError
@@ -65,9 +66,16 @@ def _modules_refusal(job: Job, modules: tuple[RecomputeModule, ...]) -> str:
     return next((why for m in modules if (why := _module_refusal(job.model, job.training, m))), "")
 
 
+@functools.cache
+def _plain(granularities: tuple[Recompute, ...]) -> list[tuple[Recompute, Modules]]:
+    return [(g, None) for g in granularities]
+
+
 def _recompute_choices(job: Job, layout: object) -> list[tuple[Recompute, Modules]]:
     """Each granularity of the space; selective once per module set of the space the
     job can run (Megatron's default when the space names none, or none of them runs)."""
+    if job.space.recompute_modules is None:
+        return _plain(job.space.recompute)  # shared: the search only reads it
     out: list[tuple[Recompute, Modules]] = []
     for granularity in job.space.recompute:
         if granularity != "selective":
