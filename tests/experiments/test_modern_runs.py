@@ -25,6 +25,7 @@ from pipette_cp.experiments.models.modern_runs.build import (
     MAX_GPUS,
     SHAPE_COLUMNS,
     row_model,
+    row_recompute,
     row_setup,
 )
 from pipette_cp.experiments.models.modern_runs.evaluate import ModernResult, ModernSkipped, run
@@ -42,10 +43,9 @@ from pipette_cp.io.model_file import load_model
 #: Rows, and those representable today; a change that makes more rows representable
 #: updates these deliberately.
 ROWS = 143
-REPRESENTABLE = 85
+REPRESENTABLE = 99
 #: Skipped rows by their first reason.
 SKIP_REASONS = {
-    "fp8_param_gather=True: FP8 primary weights not modelled": 14,
     "model_name=Nemotron_3_Super: hybrid Mamba layers not modelled": 14,
     "kind=lora-finetune: LoRA not modelled": 12,
     "model_name=Nemotron_3_Nano: hybrid Mamba layers not modelled": 10,
@@ -162,3 +162,21 @@ def test_main_writes_the_csv_and_the_plot(tmp_path: Path, capsys: pytest.Capture
     assert len(lines) == ROWS
     assert sum(line["outcome"].startswith("skipped") for line in lines) == ROWS - REPRESENTABLE
     assert out_png.stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    ("cell", "expected"),
+    [
+        ("", ("none", None)),
+        ("none", ("none", None)),
+        ('recipe at HEAD: granularity unset, modules ["mla_up_proj"]', ("none", None)),
+        ('recipe at HEAD: granularity "selective", modules []', ("none", None)),
+        ('recipe at HEAD: granularity "selective", modules ["layernorm", "moe_act"]',
+         ("selective", ("layernorm", "moe_act"))),
+        ("selective modules 'mlp' (RECOMPUTE_MODULES=mlp)", ("selective", ("mlp",))),
+        ('recipe at HEAD: granularity "full", modules unset', ("full", None)),
+    ],
+)  # fmt: skip
+def test_the_rows_recomputation_is_read_as_megatron_runs_it(cell: str, expected: tuple) -> None:
+    """Megatron-Core recomputes the listed modules only under selective granularity."""
+    assert row_recompute({"recompute": cell}) == expected

@@ -201,12 +201,20 @@ def row_training(row: dict[str, str], global_batch: int) -> TrainingSpec:
 
 
 # ------------------------------------------------------------------------- plan
-def row_recompute(row: dict[str, str]) -> Recompute:
-    """``full`` where the row (or its recipe hint) says granularity full; everything else,
-    selective recompute of single modules included, as none (those are listed as
-    approximations: the model's ``selective`` is the attention core)."""
+def row_recompute(row: dict[str, str]) -> tuple[Recompute, tuple[str, ...] | None]:
+    """The recomputation and its modules (Megatron-Core's ``--recompute-modules``): ``full``
+    where the row (or its recipe hint) says granularity full; ``selective`` with the
+    modules it names (``selective modules 'mlp'``, ``granularity "selective", modules
+    ["layernorm", "moe_act"]``); else none: a granularity left unset leaves Megatron's
+    recomputation off whatever modules are listed, and a selective one with no module
+    recomputes nothing."""
     cell = hint(row["recompute"])
-    return "full" if cell == "full" or 'granularity "full"' in cell else "none"
+    if cell == "full" or 'granularity "full"' in cell:
+        return "full", None
+    found = re.search(r"modules (\[[^\]]*\]|'[^']+')", cell)
+    names = tuple(re.findall(r"\w+", found.group(1))) if found else ()
+    selective = cell.startswith("selective") or 'granularity "selective"' in cell
+    return ("selective", names) if selective and names else ("none", None)
 
 
 def pipeline_layout_split(layout: str) -> tuple[int, ...]:
@@ -262,12 +270,14 @@ def row_setup(row: dict[str, str]) -> ModernSetup:
         raise Skip(f"global_batch={gbs}: not a multiple of dp x micro_batch = {dp * mb}")
     dp_model = _model_dp(dp, tp, pp, cp, ep)
     sharding = "optim_grads_params" if _int(row["fsdp"], 0) > 0 else None
+    recompute, modules = row_recompute(row)
     try:
         plan = make_plan(
             num_layers=model.num_layers, dp=dp_model, pp=pp, tp=tp, cp=cp,
             ep=ep, etp=1 if is_moe(row) else None, vpp=vpp, micro_batch_size=mb,
             sequence_parallel=_flag(row["sequence_parallel"], tp > 1) and tp > 1,
-            recompute=row_recompute(row), flash_attention=True,
+            recompute=recompute, recompute_modules=modules, flash_attention=True,
+            fp8_param_gather=_flag(row["fp8_param_gather"], False),
             layer_split=row_layer_split(row, model.num_layers, pp, vpp),
             **({"dp_sharding": sharding} if sharding else
                {"distributed_optimizer": _flag(row["distributed_optimizer"], True)}),

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipette_cp.cost.evaluator.evaluate import Evaluator
+from pipette_cp.errors import LayoutError, SpecError
 from pipette_cp.experiments.models.calibration_split import (
     assign_modern_split,
     modern_source,
@@ -116,7 +117,11 @@ def evaluate_row(row: dict[str, str], side: str) -> ModernResult | ModernSkipped
         st = row_setup(row)
     except Skip as reason:
         return ModernSkipped(info, str(reason), tuple(blockers(row)) or (str(reason),))
-    ev = Evaluator(st.instance).evaluate(st.plan)
+    try:
+        ev = Evaluator(st.instance).evaluate(st.plan)
+    except (LayoutError, SpecError) as refused:  # a knob's rule: the row states a setting
+        why = f"layout not expressible: {str(refused).splitlines()[0][:120]}"
+        return ModernSkipped(info, why, (why,))
     bound = max(ev.memory_bound_bytes_by_stage or ev.memory_bytes_by_stage)
     return ModernResult(
         info, st.plan.layout(), st.measured_step_s, ev.iteration_time_s,

@@ -5,7 +5,6 @@ row is skipped) or express only approximately (listed beside its prediction)."""
 from __future__ import annotations
 
 import csv
-import re
 from pathlib import Path
 
 from pipette_cp.errors import SpecError
@@ -132,8 +131,6 @@ def blockers(row: dict[str, str]) -> list[str]:
         out.append(f"precision=fp4 ({row['fp4_recipe'] or 'nvfp4'}): not modelled")
     if catalogue_gpu(row) is None:
         out.append(f"gpu_type={row['gpu_type']}: not in the GPU catalogue")
-    if _true(row["fp8_param_gather"]):
-        out.append("fp8_param_gather=True: FP8 primary weights not modelled")
     if _true(row["cpu_offload"]):
         out.append(f"cpu_offload={row['cpu_offload']}: not modelled")
     if not row["tp"]:
@@ -155,8 +152,7 @@ def hint(cell: str) -> str:
 
 def approximations(row: dict[str, str]) -> tuple[str, ...]:
     """Settings the row states that the models do not cost (kept in the prediction,
-    listed beside it): CUDA graphs, FP8 attention, recompute of single modules, the
-    v6.0 DeepSeek-V3 run's overlapped expert communication and delayed weight gradients,
+    listed beside it): CUDA graphs, FP8 attention, the v6.0 DeepSeek-V3 run's overlapped expert communication and delayed weight gradients,
     real (not force-balanced) routing."""
     out = []
     graph = hint(row["cuda_graph"])
@@ -164,9 +160,6 @@ def approximations(row: dict[str, str]) -> tuple[str, ...]:
         out.append(f"cuda_graph={graph}: CUDA graphs not costed")
     if _true(row["fp8_attention"]):
         out.append("fp8_attention=True: attention costed in bf16")
-    modules = re.search(r"modules (\[[^\]]+\]|'[^']+')", row["recompute"])
-    if modules and 'granularity "full"' not in row["recompute"]:
-        out.append(f"recompute modules {modules.group(1)}: costed as no recompute")
     notes = row["notes"]
     if "OVERLAP_MOE_EXPERT_PARALLEL_COMM=True" in notes:
         out.append("OVERLAP_MOE_EXPERT_PARALLEL_COMM: expert all-to-all costed unoverlapped")
