@@ -31,6 +31,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -278,17 +279,28 @@ def write_plot(results: Iterable[RunResult], path: Path) -> None:
                     color=f"C{i}", marker=markers[side], s=22, alpha=0.75,
                     label=f"{fam} ({side})",
                 )  # fmt: skip
-    if ran:
-        values = [v for r in ran for v in (r.measured, r.predicted)]
+    values = [v for r in ran for v in (r.measured, r.predicted)]
+    finish_parity_plot(
+        fig, ax, values, path, "measured throughput (1/step s, or TFLOP/s per GPU for BLOOM)",
+        "predicted throughput (same unit)", "published runs: predicted vs measured",
+    )  # fmt: skip
+
+
+def finish_parity_plot(
+    fig: Any, ax: Any, values: list[float], path: Path, xlabel: str, ylabel: str, title: str
+) -> None:
+    """Log-log axes around ``values`` with the line y = x, the labels and the legend, and
+    the figure written to ``path`` (the predicted-vs-measured plots of the benchmarks)."""
+    if values:
         lo, hi = min(values) / 1.3, max(values) * 1.3
         ax.plot([lo, hi], [lo, hi], color="black", linewidth=0.8, label="y = x")
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("measured throughput (1/step s, or TFLOP/s per GPU for BLOOM)")
-    ax.set_ylabel("predicted throughput (same unit)")
-    ax.set_title("published runs: predicted vs measured")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

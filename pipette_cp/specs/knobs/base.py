@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
 
+from pipette_cp.errors import LayoutError
 from pipette_cp.specs.model import ModelSpec
-from pipette_cp.specs.training import SearchSpace, TrainingSpec
+from pipette_cp.specs.training import SearchSpace, Sharding, TrainingSpec
 
 #: One Megatron-LM flag and its value (None for a switch).
 Flag = tuple[str, str | None]
@@ -152,3 +153,47 @@ class Knob(Generic[V]):
         if len(self.fields) == 1:
             return {self.fields[0]: value}
         return dict(zip(self.fields, value, strict=True))
+
+
+#: The choices of a switch the space leaves off (shared: the search only reads it).
+OFF: list[bool] = [False]
+
+
+def switch(
+    name: str,
+    *,
+    refusal: Callable[[Job, Sharding], str | None],
+    megatron: Sequence[Flag],
+    label: str,
+    solve_flag: tuple[str, str],
+    predict_flag: tuple[str, str, str],
+) -> Knob[Any]:
+    """An on/off knob whose plan and search-space fields are ``name``: tried on where
+    ``refusal(job, sharding)`` (the layout's effective data-parallel sharding) says
+    nothing, refused naming the field where it says why, ``megatron`` flags and the
+    ``label`` when on.  ``solve_flag``: (option, help); ``predict_flag``: (parameter,
+    ``--x/--no-x``, help)."""
+
+    def choices(job: Job, layout: Any) -> list[bool]:
+        wanted: tuple[bool, ...] = getattr(job.space, name)
+        if wanted == (False,):
+            return OFF
+        runs = refusal(job, layout.dp_sharding or "none") is None
+        return [on for on in wanted if runs or not on] or [False]
+
+    def runs(job: Job, plan: Any) -> None:
+        if getattr(plan, name) and (why := refusal(job, plan.sharding)):
+            raise LayoutError(f"plan.{name}", True, why)
+
+    return Knob(
+        name=name,
+        choices=choices,
+        rules=(Rule(Phase.SCHEDULE, runs),),
+        label=lambda plan: (label,) if getattr(plan, name) else (),
+        megatron=lambda training, plan: list(megatron) if getattr(plan, name) else [],
+        lightest=lambda space: getattr(space, name),
+        solve_flags=(SpaceFlag(name, solve_flag[0], solve_flag[1], "words"),),
+        predict_flags=(
+            PlanFlag(name, predict_flag[0], (predict_flag[1],), predict_flag[2], bool, False),
+        ),
+    )

@@ -6,7 +6,17 @@ from __future__ import annotations
 from typing import Protocol
 
 from pipette_cp.errors import LayoutError
-from pipette_cp.specs.knobs.base import Degrees, Flag, Job, Knob, Phase, PlanFlag, Rule, SpaceFlag
+from pipette_cp.specs.knobs.base import (
+    Degrees,
+    Flag,
+    Job,
+    Knob,
+    Phase,
+    PlanFlag,
+    Rule,
+    SpaceFlag,
+    switch,
+)
 from pipette_cp.specs.knobs.recompute import MEGATRON_CORE, RECOMPUTE
 from pipette_cp.specs.training import GRADIENT_SHARDING, Sharding, TrainingSpec
 
@@ -213,13 +223,6 @@ SHARDING: Knob[_Sharded] = Knob(
 
 
 # ------------------------------------------------------ precision-aware optimizer
-class _PrecisionAware(Degrees, Protocol):
-    @property
-    def precision_aware_optimizer(self) -> bool: ...
-    @property
-    def sharding(self) -> Sharding: ...
-
-
 def _precision_aware_refusal(job: Job, sharding: Sharding) -> str | None:
     """Why the precision-aware optimizer cannot run (None: it can).  Megatron-Core's
     OptimizerConfig: Adam and the distributed optimizer only; modelled for bf16 weights
@@ -236,50 +239,26 @@ def _precision_aware_refusal(job: Job, sharding: Sharding) -> str | None:
     return None
 
 
-def _precision_aware_choices(job: Job, layout: _Sharded) -> list[bool]:
-    runs = _precision_aware_refusal(job, layout.dp_sharding or "none") is None
-    return [on for on in job.space.precision_aware_optimizer if runs or not on] or [False]
-
-
-def _precision_aware_runs(job: Job, plan: _PrecisionAware) -> None:
-    if plan.precision_aware_optimizer and (why := _precision_aware_refusal(job, plan.sharding)):
-        raise LayoutError("plan.precision_aware_optimizer", True, why)
-
-
-def _precision_aware_megatron(training: TrainingSpec, plan: _PrecisionAware) -> list[Flag]:
-    if not plan.precision_aware_optimizer:
-        return []
-    return [("--use-precision-aware-optimizer", None), ("--exp-avg-dtype", "bf16"),
-            ("--exp-avg-sq-dtype", "bf16")]  # fmt: skip
-
-
 #: Priced by :func:`pipette_cp.cost.stack.frameworks.optimizer_state_bytes` (moments and
 #: master weights) and :func:`~pipette_cp.cost.stack.frameworks.optimizer_update_bytes`.
-PRECISION_AWARE_OPTIMIZER: Knob[_PrecisionAware] = Knob(
-    name="precision_aware_optimizer",
-    choices=_precision_aware_choices,
-    rules=(Rule(Phase.SCHEDULE, _precision_aware_runs),),
-    label=lambda plan: ("bf16adam",) if plan.precision_aware_optimizer else (),
-    megatron=_precision_aware_megatron,
-    lightest=lambda space: space.precision_aware_optimizer,
-    solve_flags=(
-        SpaceFlag(
-            "precision_aware_optimizer",
-            "--bf16-adam",
-            "Precision-aware optimizer with bf16 Adam moments off / on to try: false, true or "
-            "false,true (where the distributed optimizer runs) [default: false].",
-            "words",
-        ),
+PRECISION_AWARE_OPTIMIZER = switch(
+    "precision_aware_optimizer",
+    refusal=_precision_aware_refusal,
+    megatron=[
+        ("--use-precision-aware-optimizer", None),
+        ("--exp-avg-dtype", "bf16"),
+        ("--exp-avg-sq-dtype", "bf16"),
+    ],
+    label="bf16adam",
+    solve_flag=(
+        "--bf16-adam",
+        "Precision-aware optimizer with bf16 Adam moments off / on to try: false, true or "
+        "false,true (where the distributed optimizer runs) [default: false].",
     ),
-    predict_flags=(
-        PlanFlag(
-            "precision_aware_optimizer",
-            "bf16_adam",
-            ("--bf16-adam/--no-bf16-adam",),
-            "Precision-aware optimizer with bf16 Adam moments (needs --dist-opt).",
-            bool,
-            False,
-        ),
+    predict_flag=(
+        "bf16_adam",
+        "--bf16-adam/--no-bf16-adam",
+        "Precision-aware optimizer with bf16 Adam moments (needs --dist-opt).",
     ),
 )
 

@@ -15,6 +15,7 @@ import numpy as np
 from pipette_cp.experiments.models.calibration_split import FIT, HELD_OUT
 from pipette_cp.experiments.models.modern_runs import metrics as m
 from pipette_cp.experiments.models.modern_runs.evaluate import ModernResult, ModernSkipped, run
+from pipette_cp.experiments.models.published_runs_report import finish_parity_plot
 
 SIDES = (FIT, HELD_OUT)
 _HEAD = f"{'side':9s} {'rows':>4s} {'pred':>4s} {'MAPE':>7s} {'worst':>7s} {'med p/m':>7s}"
@@ -209,20 +210,11 @@ def write_plot(results: Iterable[ModernResult], path: Path) -> None:
                 ax.scatter([r.measured_tokens_per_gpu for r in group],
                            [r.predicted_tokens_per_gpu for r in group], color=f"C{k}",
                            marker=markers[side], s=24, alpha=0.75, label=f"{fam} ({side})")  # fmt: skip
-    if shown:
-        values = [v for r in shown for v in (r.measured_tokens_per_gpu, r.predicted_tokens_per_gpu)]  # fmt: skip
-        lo, hi = min(values) / 1.3, max(values) * 1.3
-        ax.plot([lo, hi], [lo, hi], color="black", linewidth=0.8, label="y = x")
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("measured tokens/s per GPU")
-    ax.set_ylabel("predicted tokens/s per GPU")
-    ax.set_title("2024-2026 runs (modern_runs.csv): predicted vs measured")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    values = [v for r in shown for v in (r.measured_tokens_per_gpu, r.predicted_tokens_per_gpu)]
+    finish_parity_plot(
+        fig, ax, values, path, "measured tokens/s per GPU", "predicted tokens/s per GPU",
+        "2024-2026 runs (modern_runs.csv): predicted vs measured",
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
