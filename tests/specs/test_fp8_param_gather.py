@@ -89,15 +89,12 @@ def test_the_parameter_gather_moves_fp8_in_the_evaluator_and_the_master() -> Non
 
 
 def test_the_expert_rings_gather_fp8_too() -> None:
-    from tests.solvers.placement.test_group_masters import random_assignments, setup
+    from tests.solvers.placement.test_group_masters import setup
 
     inst, plan = setup((4, 1, 1, 1, 2, None), 2)
     on = plan.model_copy(update={"fp8_param_gather": True})
-    data = build_placement_data(inst, on)
     ring = Evaluator(inst, dp_algorithm="ring", validate=False)
-    for assign in random_assignments(data, 3):
-        truth = ring.iteration_time(on.model_copy(update={"placement": data.placement(assign)}))
-        assert data.total_time_s(data.x_of(assign)) == pytest.approx(truth, rel=1e-12)
+    assert_master_prices_as_evaluator(inst, on, ring, seed=0, draws=3)
 
 
 def test_label_and_megatron_flags_checked_against_the_argument_table() -> None:

@@ -89,18 +89,13 @@ def test_the_placement_master_reads_the_same_ring_bytes(knobs: dict[str, object]
 
 
 def test_the_expert_rings_and_their_master_read_it_too() -> None:
-    from tests.solvers.placement.test_group_masters import random_assignments, setup
+    from tests.solvers.placement.test_group_masters import setup
 
     inst, plan = setup((4, 1, 1, 1, 2, None), 2)
     half = plan.model_copy(update={"grad_reduce_in_bf16": True})
-    tables = [build_placement_data(inst, p) for p in (plan, half)]
     ring = Evaluator(inst, dp_algorithm="ring", validate=False)
-    for data, placed in zip(tables, (plan, half), strict=True):
-        for assign in random_assignments(data, 3):
-            truth = ring.iteration_time(
-                placed.model_copy(update={"placement": data.placement(assign)})
-            )
-            assert data.total_time_s(data.x_of(assign)) == pytest.approx(truth, rel=1e-12)
+    for placed in (plan, half):
+        assert_master_prices_as_evaluator(inst, placed, ring, seed=0, draws=3)
 
 
 def test_label_and_megatron_flags_checked_against_the_argument_table() -> None:

@@ -30,13 +30,13 @@ from pipette_cp.errors import LayoutError
 from pipette_cp.report.megatron.flags import check_flags, megatron_args, megatron_argv
 from pipette_cp.search.capacity import model_capacity
 from pipette_cp.search.space import enumerate_layouts
-from pipette_cp.solvers.placement.build import build_placement_data
 from pipette_cp.specs import Instance, Plan, SearchSpace
 from pipette_cp.specs.layouts import make_plan
 from pipette_cp.specs.training import FrameworkProfile, TrainingSpec
 from tests.conftest import small_instance
 from tests.cost.deepseek_v3 import DS
 from tests.cost.network.test_parallel_groups import _instance, _moe_model
+from tests.placement_checks import assert_master_prices_as_evaluator
 
 S = 1024  # the small GPT's sequence: h 1024, f 4096 (GeLU), 16 heads, dropout
 
@@ -128,7 +128,7 @@ def test_mla_up_proj_drops_the_up_projected_q_k_v() -> None:
                                                  ((2, 1, 1, 2, 2, None), "core_attn,moe"),
                                                  ((2, 1, 2, 1, 4, 1), "shared_experts,moe_act")])  # fmt: skip
 def test_the_placement_masters_price_the_modules_as_the_evaluator(layout, modules) -> None:
-    from tests.solvers.placement.test_group_masters import random_assignments, setup
+    from tests.solvers.placement.test_group_masters import setup
 
     inst, plan = setup(layout, 4)
     model = inst.model.model_copy(update={"num_shared_experts": 1})
@@ -136,11 +136,8 @@ def test_the_placement_masters_price_the_modules_as_the_evaluator(layout, module
     plan = plan.model_copy(
         update={"recompute": "selective", "recompute_modules": tuple(modules.split(","))}
     )
-    data = build_placement_data(inst, plan)
     ring = Evaluator(inst, dp_algorithm="ring", validate=False)
-    for assign in random_assignments(data, 4):
-        truth = ring.iteration_time(plan.model_copy(update={"placement": data.placement(assign)}))
-        assert data.total_time_s(data.x_of(assign)) == pytest.approx(truth, rel=1e-12)
+    assert_master_prices_as_evaluator(inst, plan, ring, seed=0, draws=4)
 
 
 def test_label_and_megatron_flags_checked_against_the_argument_table() -> None:
