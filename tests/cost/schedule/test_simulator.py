@@ -64,6 +64,8 @@ def interleaved_cases(draw: st.DrawFn) -> PipelineInputs:
 @settings(max_examples=80, deadline=None)
 @given(one_f_one_b_cases())
 def test_1f1b_analytic_within_2_percent(x: PipelineInputs) -> None:
+    """Within 2 % on the drawn cases; two cases at the band's edge are 2.19 % and 2.51 %
+    low (pinned above: horizontal paths the model does not take)."""
     assert -TOLERANCE <= rel_diff(x) <= 1e-9
 
 
@@ -80,6 +82,17 @@ def test_1f1b_stage_specific_backward_ratio_explained() -> None:
         backward_s=np.array([2.5, 2.1875, 1.40625]), fwd_hop_s=np.zeros(3), bwd_hop_s=np.zeros(3),
     )  # fmt: skip
     assert rel_diff(x) == pytest.approx(-0.0219, abs=5e-4)
+
+
+def test_1f1b_heavy_first_light_last_stages_explained() -> None:
+    """Hypothesis found this case inside the +-25 % band of the test below: five stages at
+    1.25, 1, 1, 0.75, 0.75 (backward 2.5 x forward, no hops, five micro-batches).  The
+    heavy first stage's cool-down backwards wait for gradients the light last stages send
+    early, a horizontal path again: the model is 2.51 % low (a bound still)."""
+    f = np.array([1.25, 1.0, 1.0, 0.75, 0.75])
+    x = PipelineInputs(pp=5, num_micro_batches=5, forward_s=f, backward_s=2.5 * f,
+                       fwd_hop_s=np.zeros(5), bwd_hop_s=np.zeros(5))  # fmt: skip
+    assert rel_diff(x) == pytest.approx(-0.0251, abs=5e-4)
 
 
 @settings(max_examples=60, deadline=None)
