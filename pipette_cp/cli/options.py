@@ -65,7 +65,8 @@ FrameworkOption = Annotated[
     typer.Option(
         "--framework",
         help="Replace the training framework: megatron-core, megatron-lm, nemo, "
-        "megatron-deepspeed, megatron-deepspeed-bf16, aleph-alpha, llm-foundry, torchtitan.",
+        "megatron-deepspeed, megatron-deepspeed-bf16, aleph-alpha, llm-foundry, torchtitan, "
+        "megatron-bridge.",
     ),
 ]
 TrainingSetOption = Annotated[

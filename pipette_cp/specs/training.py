@@ -68,8 +68,8 @@ class FrameworkProfile(FrozenSpec):
     name: str = Field(
         default="megatron-core",
         description="megatron-core, megatron-lm, nemo, megatron-deepspeed, "
-        "megatron-deepspeed-bf16, aleph-alpha, llm-foundry, torchtitan, or a new name with "
-        "every byte field and compute_efficiency given.",
+        "megatron-deepspeed-bf16, aleph-alpha, llm-foundry, torchtitan, megatron-bridge, or a "
+        "new name with every byte field and compute_efficiency given.",
     )
     compute_efficiency: float | None = Field(
         default=None,

@@ -24,6 +24,8 @@ from pipette_cp.experiments.models.modern_runs import metrics
 from pipette_cp.experiments.models.modern_runs.build import (
     MAX_GPUS,
     SHAPE_COLUMNS,
+    bridge_fp8_param_gather,
+    is_bridge,
     row_model,
     row_recompute,
     row_setup,
@@ -170,6 +172,7 @@ def test_main_writes_the_csv_and_the_plot(tmp_path: Path, capsys: pytest.Capture
         ("", ("none", None)),
         ("none", ("none", None)),
         ('recipe at HEAD: granularity unset, modules ["mla_up_proj"]', ("none", None)),
+        ('recipe at HEAD: granularity None, modules unset', ("none", None)),
         ('recipe at HEAD: granularity "selective", modules []', ("none", None)),
         ('recipe at HEAD: granularity "selective", modules ["layernorm", "moe_act"]',
          ("selective", ("layernorm", "moe_act"))),
@@ -179,4 +182,39 @@ def test_main_writes_the_csv_and_the_plot(tmp_path: Path, capsys: pytest.Capture
 )  # fmt: skip
 def test_the_rows_recomputation_is_read_as_megatron_runs_it(cell: str, expected: tuple) -> None:
     """Megatron-Core recomputes the listed modules only under selective granularity."""
-    assert row_recompute({"recompute": cell}) == expected
+    assert (
+        row_recompute({"recompute": cell, "source_repo": "mlcommons/training_results_v5.1"})
+        == expected
+    )
+
+
+def test_megatron_bridge_rows_get_its_performance_scripts_settings(
+    rows: list[dict[str, str]],
+) -> None:
+    """Megatron-Bridge's performance scripts set selective granularity with the workload's
+    modules, bf16 gradient reduction, and FP8 primary weights with the delayed,
+    tensorwise and MXFP8 presets (not blockwise, not under Megatron-FSDP); an MLPerf row
+    keeps what it states."""
+    bridge = {"recompute": 'recipe at HEAD: granularity unset, modules ["mla_up_proj"]',
+              "source_repo": "NVIDIA-NeMo/Megatron-Bridge"}  # fmt: skip
+    assert row_recompute(bridge) == ("selective", ("mla_up_proj",))
+    assert row_recompute(
+        {**bridge, "recompute": "recipe at HEAD: granularity unset, modules []"}
+    ) == ("none", None)
+    by_id = {row["row_id"]: row for row in rows}
+    plans = {
+        rid: row_setup(by_id[rid]).plan for rid in ("r0200", "r0410", "r0409", "r0025", "r0030")
+    }
+    assert plans["r0200"].recompute_modules == ("mla_up_proj",)  # MXFP8, GB200
+    assert plans["r0200"].fp8_param_gather and plans["r0200"].grad_reduce_in_bf16
+    assert plans["r0409"].fp8_param_gather  # tensorwise
+    assert not plans["r0410"].fp8_param_gather and plans["r0410"].grad_reduce_in_bf16  # blockwise
+    assert (
+        not plans["r0025"].fp8_param_gather and not plans["r0025"].grad_reduce_in_bf16
+    )  # MLPerf, unstated
+    assert (
+        plans["r0030"].fp8_param_gather and not plans["r0030"].grad_reduce_in_bf16
+    )  # MLPerf, stated
+    fsdp = next(row for row in rows if is_bridge(row) and row["fsdp"].strip() not in ("", "0")
+                and row["precision"] == "fp8")  # fmt: skip
+    assert not bridge_fp8_param_gather(fsdp)

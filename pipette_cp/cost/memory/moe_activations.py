@@ -22,8 +22,9 @@ A mixture-of-experts layer keeps, instead of the dense MLP's terms (Megatron-Cor
   Korthikanti et al. counts them;
 - combine: the un-permutation keeps the expert outputs for the gradient of the routing
   probabilities (``rank_tokens x top_k x h`` after the alltoall combine,
-  ``expert_tokens x h`` with the allgather dispatcher; Megatron-Core before 0.13 applies
-  the probabilities there, later ones in the activation: errs high);
+  ``expert_tokens x h`` with the allgather dispatcher) where the framework applies the
+  probabilities there; nothing where it applies them in the experts' activation
+  (``Framework.moe_probs_in_activation``: the ``megatron-bridge`` profile);
 - shared experts: a dense MLP of ``shared_expert_width`` split over tp (its FC1 input is
   the router's input, an extra FP8 copy under FP8).
 
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipette_cp.cost.stack.frameworks import resolve_framework
 from pipette_cp.cost.stack.kernels import keeps_fp8_tensors, unfused_activation_extra_bytes
 from pipette_cp.cost.workload.parameters import chunk_layer_kinds
 from pipette_cp.cost.workload.tokens import cp_chunk_bytes, expert_tokens, rank_tokens, unit_tokens
@@ -87,7 +89,10 @@ def expert_activation_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan
 
 
 def combine_activation_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
-    """The expert outputs the un-permutation keeps (2 B x h per copy)."""
+    """The expert outputs the un-permutation keeps (2 B x h per copy); 0 where the experts
+    apply the routing probabilities in their activation."""
+    if resolve_framework(training.framework).moe_probs_in_activation:
+        return 0.0
     if training.moe_token_dispatcher == "allgather":
         copies = expert_tokens(model, training, plan)
     else:

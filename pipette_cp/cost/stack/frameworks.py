@@ -62,6 +62,11 @@ class Framework:
     #: ``selective`` recomputation is per-op checkpointing with torchtitan's policy
     #: (``cost.memory_recompute``) rather than Megatron's (the attention core)
     op_selective_recompute: bool = False
+    #: the routed experts apply the routing probabilities in their activation (Megatron-
+    #: Core's ``TEGroupedMLP`` with ``weighted_bias_swiglu_impl``), so the un-permutation
+    #: keeps no expert outputs for the probabilities' gradient; false: it multiplies them
+    #: there and keeps the outputs (``cost.memory.moe_activations``)
+    moe_probs_in_activation: bool = False
 
     def compute_scale(self, gpu_family: str) -> float:
         """The factor on the calibrated compute rates on a GPU of ``gpu_family``."""
@@ -90,6 +95,14 @@ _FSDP_RUNTIME_BYTES = 5.56 * 2**30 - 2 * 5e8 * 2
 FRAMEWORKS: dict[str, Framework] = {
     "megatron-core": _megatron_layout("megatron-core", 1.0, "the compute calibration's runs"),
     "megatron-lm": _megatron_layout("megatron-lm", 1.0, "the compute calibration's runs (SC21)"),
+    # Megatron-Core as the Megatron-Bridge containers of 2025-2026 (25.09 and later) run it:
+    # Megatron-Core's bytes and speed; its MoE experts apply the routing probabilities in
+    # the activation (megatron/core/transformer/moe/experts.py), the un-permutation keeps
+    # no expert outputs.
+    "megatron-bridge": replace(
+        _megatron_layout("megatron-bridge", 1.0, "as megatron-core; MoE memory of 2025-2026"),
+        moe_probs_in_activation=True,
+    ),
     # NVIDIA DGX Cloud benchmarking recipes v24.11.1 (NeMo on Megatron-Core, H100):
     # step times include what the recipes' timers include.
     "nemo": _megatron_layout("nemo", 0.926, f"{_FIT} (DGX Cloud, 5 rows)"),

@@ -11,7 +11,7 @@ from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.training import Recompute, RecomputeModule, SearchSpace, TrainingSpec
 
 #: The frameworks whose selective recomputation is Megatron-Core's modules.
-MEGATRON_CORE = ("megatron-core", "megatron-lm", "nemo")
+MEGATRON_CORE = ("megatron-core", "megatron-lm", "nemo", "megatron-bridge")
 
 
 class _Recomputed(Protocol):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipette_cp.cost.memory.moe_activations import expert_activation_bytes
+from pipette_cp.cost.memory.moe_activations import combine_activation_bytes, expert_activation_bytes
 from pipette_cp.cost.memory.peak import (
     activation_bytes_per_layer,
     logits_bytes,
@@ -33,7 +33,7 @@ from pipette_cp.cost.workload.parameters import (
 from pipette_cp.io.model_file import load_model
 from pipette_cp.specs.layouts import make_plan
 from pipette_cp.specs.model import ModelSpec
-from pipette_cp.specs.training import TrainingSpec
+from pipette_cp.specs.training import FrameworkProfile, TrainingSpec
 from tests.models import gpt_model, llama3_8b
 
 H, HEADS, F, FE, E, K, V = 64, 4, 256, 128, 4, 2, 1024
@@ -198,6 +198,24 @@ def test_moe_layer_activations_by_hand() -> None:
     # full recompute keeps the layer input alone, as for a dense layer
     full = p.model_copy(update={"recompute": "full"})
     assert moe_activation_bytes_per_layer(tiny(), TRAIN, full) == 2.0 * sb * H
+
+
+def test_probabilities_applied_in_the_activation_keep_no_expert_outputs() -> None:
+    """The megatron-bridge profile's experts weight their SwiGLU output by the routing
+    probabilities (Megatron-Core's weighted_bias_swiglu_impl): the un-permutation keeps
+    nothing, 2h per routed copy less than Megatron-Core's older combine; nothing else
+    changes."""
+    p = make_plan(num_layers=4, dp=2, pp=1, tp=1, ep=2, micro_batch_size=2)
+    bridge = TRAIN.model_copy(update={"framework": FrameworkProfile(name="megatron-bridge")})
+    assert combine_activation_bytes(tiny(), bridge, p) == 0.0
+    assert combine_activation_bytes(tiny(), TRAIN, p) == S * 2 * K * 2 * H
+    kept = moe_activation_bytes_per_layer(tiny(), TRAIN, p)
+    assert moe_activation_bytes_per_layer(tiny(), bridge, p) == pytest.approx(
+        kept - S * 2 * K * 2 * H
+    )
+    assert activation_bytes_per_layer(tiny(), bridge, p) == activation_bytes_per_layer(
+        tiny(), TRAIN, p
+    )
 
 
 def test_expert_activations_follow_imbalance_etp_and_sequence_parallelism() -> None:

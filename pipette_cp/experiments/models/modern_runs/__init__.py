@@ -23,12 +23,11 @@ every metric.
 
 Skipped (the first reason is counted; :func:`.metrics.sole_blockers` counts the rows that
 one change would make representable): LoRA fine-tuning, hybrid Mamba models (Nemotron 3),
-NVFP4, GPUs missing from the catalogue, FP8 primary weights (``fp8_param_gather``), CPU
-offloading, a layout the row does not state.  Stated but not costed (listed beside each
-prediction, :func:`.features.approximations`): CUDA graphs, FP8 attention, recompute of
-single modules (``mla_up_proj``, ``layernorm``, ``moe_act``, ``mlp``: costed as none; the
-model's ``selective`` is the attention core), overlapped expert communication and delayed
-weight gradients, real (not force-balanced) routing, paged expert activations.
+NVFP4, GPUs missing from the catalogue, CPU offloading, a layout the row does not state,
+a setting a knob's rule refuses.  Stated but not costed (listed beside each prediction,
+:func:`.features.approximations`): CUDA graphs, FP8 attention, overlapped expert
+communication and delayed weight gradients, real (not force-balanced) routing, paged
+expert activations.
 
 Assumptions where a row is silent:
 
@@ -39,8 +38,9 @@ Assumptions where a row is silent:
   attention sinks costed); DeepSeek-V3 with its MTP module except "w/o MTP" rows;
   "tokendrop" rows with capacity factor 1.0, padded to capacity; the GPT-3 vocabulary as
   bundled (50,257: the logs print none).
-- Frameworks: NeMo for the MLPerf rows (NVIDIA's implementations run NeMo), Megatron-Core
-  for Megatron-Bridge.  Transformer Engine's cuDNN fused attention on every GPU; no
+- Frameworks: NeMo for the MLPerf rows (NVIDIA's implementations run NeMo); the
+  ``megatron-bridge`` profile (the Megatron-Core of 2025-2026: routing probabilities
+  applied in the experts' activation) for Megatron-Bridge.  Transformer Engine's cuDNN fused attention on every GPU; no
   dropout; fused cross-entropy; grouped GEMM; the alltoall dispatcher unless the notes
   say flex; routing force-balanced (load imbalance 1.0) as the tables say; etp 1 for MoE
   models (Megatron-Bridge's MoE recipes); overlapped grad reduce and param gather and the
@@ -49,7 +49,15 @@ Assumptions where a row is silent:
 - Megatron-Bridge rows leave sequence parallelism and recompute unsaid: the "recipe at
   HEAD" hint of ``sequence_parallel`` / ``recompute`` is used where the file gives one
   (an older release may have run another recipe); without it, sequence parallel with
-  tp > 1 and no recompute.
+  tp > 1 and no recompute.  What Megatron-Bridge's performance scripts
+  (``scripts/performance``) set for every workload is applied where the row is silent:
+  listed recompute modules run under selective granularity (``_set_recompute_overrides``
+  of ``utils/overrides.py``); gradients reduced in bf16 (``grad_reduce_in_fp32 = False``
+  in the Llama 3 / 3.1, DeepSeek-V3 and Qwen3 configs); FP8 primary weights
+  (``fp8_param_gather``) with the delayed, tensorwise and MXFP8 presets of
+  ``src/megatron/bridge/training/mixed_precision.py`` (not blockwise; not with
+  Megatron-FSDP, where the knob needs the distributed optimizer).  MLPerf rows keep what
+  they state (unstated: off; fp32 gradient reduction).
 - Precision: ``fp8_recipe``'s first word (``tensorwise`` where the 26.x tables print plain
   "FP8", as the file reads them; delayed where a NeMo 1 log prints none); format as
   stated, else Transformer Engine's default.  Release 25.09 states no precision: FP8

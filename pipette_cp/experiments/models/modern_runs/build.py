@@ -49,8 +49,14 @@ NIC_SHARE = 0.8
 DEFAULT_NIC_GBPS = {"H100": 400, "H200": 400, "B200": 400, "GB200": 400, "B300": 800,
                     "GB300": 800}  # fmt: skip
 #: Frameworks (:data:`pipette_cp.cost.stack.frameworks.FRAMEWORKS`): MLPerf's NVIDIA
-#: implementations run NeMo; Megatron-Bridge drives Megatron-Core directly.
-FRAMEWORK = {"mlperf": "nemo", "bridge": "megatron-core"}
+#: implementations run NeMo; Megatron-Bridge drives the Megatron-Core of its release.
+FRAMEWORK = {"mlperf": "nemo", "bridge": "megatron-bridge"}
+#: FP8 recipes whose Megatron-Bridge mixed-precision preset turns FP8 primary weights on
+#: (``fp8_param_gather=True`` in ``bf16_with_fp8_delayed_scaling_mixed``,
+#: ``bf16_with_fp8_current_scaling_mixed`` and ``bf16_with_mxfp8_mixed`` of
+#: ``src/megatron/bridge/training/mixed_precision.py``; the subchannel (blockwise) preset
+#: leaves it off).
+BRIDGE_FP8_PARAM_RECIPES = frozenset({"delayed", "tensorwise", "mxfp8"})
 
 #: openai/gpt-oss-120b ``config.json`` (quantization_config left out): the public model
 #: the Megatron-Bridge GPT-OSS 120B recipe loads.
@@ -177,6 +183,26 @@ def row_cluster(row: dict[str, str], gpu: GpuSpec, num_gpus: int) -> ClusterSpec
 
 
 # --------------------------------------------------------------------- training
+def is_bridge(row: dict[str, str]) -> bool:
+    """A Megatron-Bridge performance-table row (its performance scripts set what the
+    table leaves unsaid: :func:`row_recompute`, :func:`bridge_fp8_param_gather`,
+    :func:`row_setup`'s bf16 gradient reduction)."""
+    return source_family(row) == "bridge"
+
+
+def bridge_fp8_param_gather(row: dict[str, str]) -> bool:
+    """FP8 primary weights: as the row states, else on for a Megatron-Bridge row whose FP8
+    recipe's preset turns them on (:data:`BRIDGE_FP8_PARAM_RECIPES`) and that runs the
+    distributed optimizer (the knob's rule; a Megatron-FSDP row keeps bf16 weights, as
+    the model has no FP8 primary weights under ZeRO-3), else off."""
+    if row["fp8_param_gather"].strip():
+        return _flag(row["fp8_param_gather"], False)
+    label = precision_label(row)
+    recipe = "mxfp8" if label == "mxfp8" else label.removeprefix("fp8-")
+    fsdp = _int(row["fsdp"], 0) > 0
+    return is_bridge(row) and recipe in BRIDGE_FP8_PARAM_RECIPES and not fsdp
+
+
 def row_training(row: dict[str, str], global_batch: int) -> TrainingSpec:
     """The row's precision and FP8 recipe, overlap flags (stated, else on), dispatcher;
     Transformer Engine's cuDNN fused attention on every GPU."""
@@ -205,15 +231,19 @@ def row_recompute(row: dict[str, str]) -> tuple[Recompute, tuple[str, ...] | Non
     """The recomputation and its modules (Megatron-Core's ``--recompute-modules``): ``full``
     where the row (or its recipe hint) says granularity full; ``selective`` with the
     modules it names (``selective modules 'mlp'``, ``granularity "selective", modules
-    ["layernorm", "moe_act"]``); else none: a granularity left unset leaves Megatron's
-    recomputation off whatever modules are listed, and a selective one with no module
-    recomputes nothing."""
+    ["layernorm", "moe_act"]``), and on a Megatron-Bridge row with modules and the
+    granularity unset (its performance scripts' ``_set_recompute_overrides`` sets
+    ``recompute_granularity = "selective"`` with the workload's ``recompute_modules``,
+    ``scripts/performance/utils/overrides.py``); else none: elsewhere a granularity left
+    unset leaves Megatron's recomputation off whatever modules are listed, and a
+    selective one with no module recomputes nothing."""
     cell = hint(row["recompute"])
     if cell == "full" or 'granularity "full"' in cell:
         return "full", None
     found = re.search(r"modules (\[[^\]]*\]|'[^']+')", cell)
     names = tuple(re.findall(r"\w+", found.group(1))) if found else ()
-    selective = cell.startswith("selective") or 'granularity "selective"' in cell
+    selective = (cell.startswith("selective") or 'granularity "selective"' in cell
+                 or (is_bridge(row) and "granularity unset" in cell))  # fmt: skip
     return ("selective", names) if selective and names else ("none", None)
 
 
@@ -277,7 +307,11 @@ def row_setup(row: dict[str, str]) -> ModernSetup:
             ep=ep, etp=1 if is_moe(row) else None, vpp=vpp, micro_batch_size=mb,
             sequence_parallel=_flag(row["sequence_parallel"], tp > 1) and tp > 1,
             recompute=recompute, recompute_modules=modules, flash_attention=True,
-            fp8_param_gather=_flag(row["fp8_param_gather"], False),
+            fp8_param_gather=bridge_fp8_param_gather(row),
+            # Megatron-Bridge's performance scripts reduce gradients in bf16
+            # (``grad_reduce_in_fp32 = False`` in the Llama 3 / 3.1, DeepSeek-V3 and
+            # Qwen3 configs of ``scripts/performance/configs``, GPT-OSS's recipe).
+            grad_reduce_in_bf16=is_bridge(row),
             layer_split=row_layer_split(row, model.num_layers, pp, vpp),
             **({"dp_sharding": sharding} if sharding else
                {"distributed_optimizer": _flag(row["distributed_optimizer"], True)}),
