@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipette_cp.cost.evaluator.evaluate import Evaluator
+from pipette_cp.cost.stack import calibration as calib
 from pipette_cp.experiments.models.calibration_split import (
     FIT,
     HELD_OUT,
@@ -39,8 +40,10 @@ from pipette_cp.experiments.models.modern_runs.features import (
     model_key,
     read_modern_rows,
 )
+from pipette_cp.experiments.models.modern_runs.fit import HALF_SATURATION, fit_blackwell, fit_rows
 from pipette_cp.experiments.models.modern_runs.report import format_report, main
 from pipette_cp.io.model_file import load_model
+from pipette_cp.specs.gpu import resolve_gpu
 
 #: Rows, and those representable today; a change that makes more rows representable
 #: updates these deliberately.
@@ -218,3 +221,20 @@ def test_megatron_bridge_rows_get_its_performance_scripts_settings(
     fsdp = next(row for row in rows if is_bridge(row) and row["fsdp"].strip() not in ("", "0")
                 and row["precision"] == "fp8")  # fmt: skip
     assert not bridge_fp8_param_gather(fsdp)
+
+
+def test_the_blackwell_fit_reads_only_dense_fit_side_rows_and_gives_the_table() -> None:
+    """The fit reads the fit side's dense Blackwell rows alone and, re-run, reproduces the
+    FP8 ceiling the calibration table holds for the Blackwell family."""
+    results, _ = run()
+    by_id = {r.info.row_id: r for r in results}
+    rows = fit_rows(results)
+    assert len(rows) == 17
+    assert all(by_id[r].info.side == "fit" and not by_id[r].info.moe for r in rows)
+    assert {by_id[r].info.gpu_type for r in rows} <= {"B200", "GB200", "B300", "GB300"}
+    fitted = fit_blackwell(results)
+    table = calib.GPU_CALIBRATION[calib.BLACKWELL_FAMILY]
+    assert fitted.fp8_gemm_efficiency_max == table.fp8_gemm_efficiency_max
+    assert table.gemm_half_saturation_flops == HALF_SATURATION
+    for name in ("b200", "gb200", "b300", "gb300"):
+        assert calib.calibration_for(resolve_gpu(name)) is table

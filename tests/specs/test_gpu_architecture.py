@@ -211,6 +211,6 @@ def test_calibration_family_by_architecture() -> None:
     for name in ("h800", "h20", "gh200", "gh200-144gb"):
         assert calibration_for(resolve_gpu(name)) == h100, name  # Hopper: H100's fit
     b200 = calibration_for(resolve_gpu("b200"))
-    assert not b200.fitted  # no Blackwell rows yet: the conservative default
+    assert b200.fitted and b200.gpu_family == "B200"  # fitted on modern_runs.csv
     for name in ("b300", "gb300", "gb200"):
         assert calibration_for(resolve_gpu(name)) == b200, name

@@ -139,15 +139,41 @@ DEFAULT_GPU_CALIBRATION = GpuCalibration(
     fp8_gemm_efficiency_max=min(eta for eta, _ in _FP8_FITTED.values()),
 )
 
+#: The Blackwell family's key: B200 and GB200 by name, B300 and GB300 by architecture.
+BLACKWELL_FAMILY = "B200"
+#: Command that re-fits the Blackwell family and prints its accuracy on both sides.
+BLACKWELL_FIT_COMMAND = "python -m pipette_cp.experiments.models.modern_runs --fit"
+#: Blackwell (B200, GB200, B300, GB300; 148 SMs, the B200's): the FP8 ceiling fitted on
+#: the 17 dense Blackwell rows of the fit side of ``modern_runs.csv`` (grid 0.40-0.80,
+#: step 0.01, minimising the mean |log step-time error|: 0.116; ``BLACKWELL_FIT_COMMAND``)
+#: came out at H100's 0.66; H100's fixed per-GEMM time (``W_half`` scaled by B200's bf16
+#: peak over H100's); the bf16 ceiling and the fused attention's efficiency H100's (no
+#: dense bf16 Blackwell row to fit them on).
+GPU_CALIBRATION[BLACKWELL_FAMILY] = GpuCalibration(
+    gpu_family=BLACKWELL_FAMILY,
+    num_sms=148,
+    gemm_efficiency_max=_FITTED["H100"][1],
+    gemm_half_saturation_flops=6.8e10,
+    hbm_efficiency=_HBM_EFFICIENCY,
+    flash_attention_efficiency=_FLASH_EFF_H100,
+    fitted=True,
+    provenance=(
+        "FP8 ceiling fitted on the 17 dense Blackwell rows of the fit side of modern_runs.csv "
+        "(grid 0.40-0.80 step 0.01, minimising the mean |log step-time error|: 0.116): "
+        f"0.66; `{BLACKWELL_FIT_COMMAND}`; W_half H100's fixed per-GEMM time at B200's peak; "
+        "bf16 ceiling and fused attention H100's"
+    ),
+    fp8_gemm_efficiency_max=0.66,
+)
+
 #: H200 is the H100 chip with more and faster HBM (the GpuSpec carries both).
 _FAMILY_ALIASES = {"H200": "H100", "H800": "H100", "A800": "A100"}
 #: The family of a GPU whose name names none, by its architecture: every Hopper part
 #: (H800, H20, GH200) takes the H100's fitted values until rows of its own are fitted
 #: (the GpuSpec carries its own peaks and HBM; H20's 78 SMs differ from the family's
-#: 132: an assumption on its wave quantisation).  Blackwell has no fitted family yet:
-#: B300 and GB300 take what B200 and GB200 take, the conservative default, until a fit
-#: on Blackwell rows says otherwise.
-_ARCHITECTURE_FAMILY = {"hopper": "H100"}
+#: 132: an assumption on its wave quantisation); every Blackwell part the Blackwell
+#: family's (B300 and GB300: Blackwell Ultra, the same FP8 and bf16 tensor cores).
+_ARCHITECTURE_FAMILY = {"hopper": "H100", "blackwell": BLACKWELL_FAMILY}
 
 #: Memory calibration, fitted on the 7 BLOOM rows (nvidia-smi, A100 80GB).
 MEMORY_CALIBRATION = MemoryCalibration(
@@ -174,7 +200,7 @@ def gpu_family(gpu: GpuSpec) -> str:
 
     >>> from pipette_cp.specs.gpu import resolve_gpu
     >>> [gpu_family(resolve_gpu(g)) for g in ("h800", "h20", "gh200", "b300", "gb300")]
-    ['H100', 'H100', 'H100', '', '']
+    ['H100', 'H100', 'H100', 'B200', 'B200']
     """
     name = gpu.name.upper()
     for family in (*GPU_CALIBRATION, *_FAMILY_ALIASES):

@@ -142,8 +142,11 @@ def test_vendor_and_architecture_by_name() -> None:
     hopper = {name for name, gpu in GPU_CATALOG.items() if is_hopper(gpu)}
     assert hopper == {"H100-SXM5-80GB", "H200-SXM-141GB", "H800-SXM5-80GB", "H20-96GB",
                       "GH200-96GB", "GH200-144GB"}  # fmt: skip
-    for name in ("B200-SXM-180GB", "GB200-NVL72-186GB", "MI300X-OAM-192GB"):
-        assert not calibration_for(GPU_CATALOG[name]).fitted  # no rows: the cautious default
+    assert not calibration_for(GPU_CATALOG["MI300X-OAM-192GB"]).fitted  # the cautious default
+    blackwell = {name for name, gpu in GPU_CATALOG.items() if gpu.architecture == "blackwell"}
+    assert blackwell == {"B200-SXM-180GB", "GB200-NVL72-186GB", "B300-SXM-288GB",
+                         "GB300-NVL72-288GB"}  # fmt: skip
+    assert {calibration_for(GPU_CATALOG[name]).gpu_family for name in blackwell} == {"B200"}
 
 
 def test_kernels_by_vendor() -> None:

@@ -15,6 +15,7 @@ import numpy as np
 from pipette_cp.experiments.models.calibration_split import FIT, HELD_OUT
 from pipette_cp.experiments.models.modern_runs import metrics as m
 from pipette_cp.experiments.models.modern_runs.evaluate import ModernResult, ModernSkipped, run
+from pipette_cp.experiments.models.modern_runs.fit import fit_blackwell, format_fit
 from pipette_cp.experiments.models.published_runs_report import finish_parity_plot
 
 SIDES = (FIT, HELD_OUT)
@@ -222,8 +223,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipette_cp.experiments.models.modern_runs")
     parser.add_argument("--csv", type=Path, help="one line per row (predicted or skipped)")
     parser.add_argument("--plot", type=Path, help="predicted vs measured scatter (PNG)")
+    parser.add_argument("--fit", action="store_true",
+                        help="re-fit the Blackwell compute calibration on the fit side first")  # fmt: skip
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     results, skipped = run()
+    if args.fit:
+        fitted = fit_blackwell(results)
+        print(format_fit(fitted))
+        print("(the report below uses the calibration table as committed)\n")
     print(format_report(results, skipped))
     if args.csv:
         write_csv(results, skipped, args.csv)
