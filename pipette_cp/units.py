@@ -21,8 +21,8 @@ US = 1e-6
 MS = 1e-3
 
 #: Bytes of one element of the tensors the layers exchange (activations between stages,
-#: gathered weights) under each training precision: fp8 training keeps them bf16, FP8
-#: exists only inside the GEMMs (Megatron without --fp8-param-gather).
-BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+#: gathered weights) under each training precision: fp8 and fp4 training keep them bf16,
+#: FP8 and NVFP4 exist only inside the GEMMs (Megatron without --fp8-param-gather).
+BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2, "fp4": 2}
 #: Bytes of one FP8 element (E4M3 or E5M2).
 FP8_BYTES = 1

@@ -73,6 +73,19 @@ class Instance(FrozenSpec):
         return self
 
     @model_validator(mode="after")
+    def _lora_on_dense_layers(self) -> Instance:
+        """LoRA's adapters are modelled on dense layers with standard attention (the
+        four linears of :data:`~pipette_cp.specs.lora.LORA_TARGETS`)."""
+        model = self.model
+        if self.training.lora is None or not (model.is_moe or model.is_mla):
+            return self
+        what = "a mixture-of-experts" if model.is_moe else "a latent-attention (MLA)"
+        raise ValueError(
+            f"training.lora: LoRA on {what} model ({model.name!r}) is not modelled; "
+            "dense models with standard attention only"
+        )
+
+    @model_validator(mode="after")
     def _headroom_leaves_memory(self) -> Instance:
         headroom = self.training.memory_headroom_bytes
         smallest = min(self.cluster.gpu_types.values(), key=lambda g: g.memory_bytes)

@@ -7,8 +7,9 @@ from typing import Literal, get_args
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from pipette_cp.specs._base import FrozenSpec
+from pipette_cp.specs.lora import LoraSpec, framework_refusal
 
-Precision = Literal["bf16", "fp16", "fp8"]
+Precision = Literal["bf16", "fp16", "fp8", "fp4"]
 #: Megatron-Core's ``--fp8-recipe`` scaling recipes (Transformer Engine's DelayedScaling,
 #: Float8CurrentScaling, Float8BlockScaling, MXFP8BlockScaling).
 Fp8Recipe = Literal["delayed", "tensorwise", "blockwise", "mxfp8"]
@@ -149,7 +150,8 @@ class TrainingSpec(FrozenSpec):
         description="Mixed-precision compute type.  fp8: bf16 mixed precision whose "
         "transformer-layer GEMMs (QKV, attention projection, MLP) run in FP8 through "
         "Transformer Engine (Megatron --fp8-format); attention, LM head and element-wise "
-        "kernels stay bf16.",
+        "kernels stay bf16.  fp4: the same GEMMs in NVFP4 (E2M1 values, an E4M3 scale "
+        "per 16; Megatron --fp4-format e2m1 --fp4-recipe nvfp4), Blackwell only.",
     )
     fp8_recipe: Fp8Recipe | None = Field(
         default=None,
@@ -260,6 +262,21 @@ class TrainingSpec(FrozenSpec):
         description="The training framework (a name, or a mapping of FrameworkProfile "
         "fields): state bytes per parameter and compute speed.",
     )
+    lora: LoraSpec | None = Field(
+        default=None,
+        description="LoRA fine-tuning (Megatron-Bridge / NeMo PEFT): frozen base weights and "
+        "low-rank adapters (rank, alpha, target_modules) on the layers' linears; None: "
+        "every weight trained.",
+    )
+
+    @field_validator("lora")
+    @classmethod
+    def _lora_framework(cls, value: LoraSpec | None, info: ValidationInfo) -> LoraSpec | None:
+        framework = info.data.get("framework")
+        why = None if value is None or framework is None else framework_refusal(framework.name)
+        if why:
+            raise ValueError(why)
+        return value
 
     @model_validator(mode="after")
     def _one_headroom(self) -> TrainingSpec:

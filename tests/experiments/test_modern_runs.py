@@ -34,6 +34,7 @@ from pipette_cp.experiments.models.modern_runs.build import (
 from pipette_cp.experiments.models.modern_runs.evaluate import ModernResult, ModernSkipped, run
 from pipette_cp.experiments.models.modern_runs.features import (
     BUNDLED,
+    MLPERF_LORA,
     MODERN_CSV,
     READ_COLUMNS,
     Skip,
@@ -48,13 +49,12 @@ from pipette_cp.specs.gpu import resolve_gpu
 #: Rows, and those representable today; a change that makes more rows representable
 #: updates these deliberately.
 ROWS = 143
-REPRESENTABLE = 99
+REPRESENTABLE = 114
 #: Skipped rows by their first reason.
 SKIP_REASONS = {
     "model_name=Nemotron_3_Super: hybrid Mamba layers not modelled": 14,
-    "kind=lora-finetune: LoRA not modelled": 12,
     "model_name=Nemotron_3_Nano: hybrid Mamba layers not modelled": 10,
-    "precision=fp4 (nvfp4): not modelled": 6,
+    "tp/pp/cp: layout not stated": 3,
     "model_name=Nemotron_3_Ultra: hybrid Mamba layers not modelled": 2,
 }
 #: Rows per side of the split.
@@ -150,7 +150,7 @@ def test_the_report_runs_on_a_few_rows() -> None:
     assert {r.info.row_id for r in results} | {s.info.row_id for s in skipped} == ids
     text = format_report(results, skipped)
     for part in ("== coverage", "MAPE", "not to fit", "matched precision pairs",
-                 "measured best", "LoRA not modelled"):  # fmt: skip
+                 "measured best", "layout not stated"):  # fmt: skip
         assert part in text
     scored, _ = metrics.pairs(results, skipped)
     assert [(p.base.info.row_id, p.to.info.row_id) for p in scored] == [("r0356", "r0357")]
@@ -224,17 +224,50 @@ def test_megatron_bridge_rows_get_its_performance_scripts_settings(
 
 
 def test_the_blackwell_fit_reads_only_dense_fit_side_rows_and_gives_the_table() -> None:
-    """The fit reads the fit side's dense Blackwell rows alone and, re-run, reproduces the
-    FP8 ceiling the calibration table holds for the Blackwell family."""
+    """The fit reads the fit side's dense Blackwell rows alone (FP8 and MXFP8 for the FP8
+    ceiling, NVFP4 for the NVFP4 one) and, re-run, reproduces the ceilings the
+    calibration table holds for the Blackwell family."""
     results, _ = run()
     by_id = {r.info.row_id: r for r in results}
     rows = fit_rows(results)
     assert len(rows) == 17
     assert all(by_id[r].info.side == "fit" and not by_id[r].info.moe for r in rows)
     assert {by_id[r].info.gpu_type for r in rows} <= {"B200", "GB200", "B300", "GB300"}
+    fp4_rows = fit_rows(results, fp4=True)
+    assert len(fp4_rows) == 6 and all(by_id[r].info.precision == "nvfp4" for r in fp4_rows)
+    assert all(by_id[r].info.side == "fit" and not by_id[r].info.moe for r in fp4_rows)
     fitted = fit_blackwell(results)
     table = calib.GPU_CALIBRATION[calib.BLACKWELL_FAMILY]
     assert fitted.fp8_gemm_efficiency_max == table.fp8_gemm_efficiency_max
+    assert fitted.fp4_gemm_efficiency_max == table.fp4_gemm_efficiency_max
     assert table.gemm_half_saturation_flops == HALF_SATURATION
     for name in ("b200", "gb200", "b300", "gb300"):
         assert calib.calibration_for(resolve_gpu(name)) is table
+
+
+def test_lora_rows_get_the_mlperf_benchmark_adapters_and_stay_out_of_the_fit(
+    rows: list[dict[str, str]],
+) -> None:
+    """The 12 Llama 2 70B LoRA rows state no sequence length and no adapters: they get the
+    MLPerf benchmark's (8,192 tokens; rank 16, alpha 32, QKV and projection); the rows
+    without a layout stay skipped naming it; the Blackwell fit reads none of them."""
+    lora_rows = [row for row in rows if row["kind"] == "lora-finetune"]
+    assert len(lora_rows) == 12
+    built, skipped = [], []
+    for row in lora_rows:
+        try:
+            st = row_setup(row)
+        except Skip as reason:
+            skipped.append((row["row_id"], str(reason)))
+            continue
+        training = st.instance.training
+        assert training.lora == MLPERF_LORA and training.seq_length == 8192
+        assert training.framework.name == "nemo"
+        built.append(row["row_id"])
+    assert MLPERF_LORA.rank == 16 and MLPERF_LORA.target_modules == ("linear_qkv", "linear_proj")
+    assert all(reason == "tp/pp/cp: layout not stated" for _, reason in skipped)
+    assert {r for r, _ in skipped} == {"r0029", "r0031", "r0054"}
+    pretrain = next(row for row in rows if row["kind"] == "pretrain" and row["tp"])
+    assert row_setup(pretrain).instance.training.lora is None
+    results, _ = run(row_ids={"r0039", "r0090", "r0095"})  # fit side, dense, B300, FP8
+    assert {r.info.side for r in results} == {"fit"} and fit_rows(results) == ()

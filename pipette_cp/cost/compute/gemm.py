@@ -7,9 +7,16 @@ saturating efficiency for small GEMMs, the HBM roofline; parameters per GPU type
 
 from __future__ import annotations
 
-from pipette_cp.cost.stack.calibration import GpuCalibration, peak_flops, peak_fp8_flops
+from pipette_cp.cost.stack.calibration import (
+    GpuCalibration,
+    peak_flops,
+    peak_fp4_flops,
+    peak_fp8_flops,
+)
+from pipette_cp.cost.stack.kernels import NVFP4_BYTES, fp8_gemm_rate, uses_fp4
 from pipette_cp.cost.workload.flops import Gemm
 from pipette_cp.specs.gpu import GpuSpec
+from pipette_cp.specs.training import TrainingSpec
 
 
 def wave_efficiency(gemm: Gemm, num_sms: int) -> float:
@@ -53,12 +60,34 @@ def fp8_gemm_time_s(gemm: Gemm, gpu: GpuSpec, cal: GpuCalibration, rate: float =
     fixed time ``W_half / (eta_max x peak)`` (the same launch, prologue and epilogue), at
     least its HBM traffic (FP8 operands, 1 B; bf16 result, 2 B).  ``rate`` is the recipe's
     kernel speed (:data:`pipette_cp.cost.stack.kernels.FP8_RECIPE_RATE`); the casts to FP8 are
-    timed apart (:func:`pipette_cp.cost.stack.kernels.fp8_cast_bytes`)."""
+    timed apart (:func:`pipette_cp.cost.stack.kernels.quantization_cast_bytes`)."""
     ceiling = cal.fp8_gemm_efficiency_max * rate * peak_fp8_flops(gpu)
     fixed = cal.gemm_half_saturation_flops / (cal.gemm_efficiency_max * peak_flops(gpu))
     compute = gemm.flops / wave_efficiency(gemm, cal.num_sms) / ceiling + fixed
     traffic = (gemm.m * gemm.k + gemm.k * gemm.n + 2.0 * gemm.m * gemm.n) * gemm.batch
     return max(compute, hbm_time_s(traffic, gpu, cal))
+
+
+def fp4_gemm_time_s(gemm: Gemm, gpu: GpuSpec, cal: GpuCalibration) -> float:
+    """Time of one NVFP4 GEMM: ``W / q / (eta_fp4 x fp4 peak)`` plus the bf16 GEMMs' fixed
+    time, at least its HBM traffic (NVFP4 operands, :data:`NVFP4_BYTES`; bf16 result).
+    The casts are timed apart (:func:`pipette_cp.cost.stack.kernels.quantization_cast_bytes`)."""
+    ceiling = cal.fp4_gemm_efficiency_max * peak_fp4_flops(gpu)
+    fixed = cal.gemm_half_saturation_flops / (cal.gemm_efficiency_max * peak_flops(gpu))
+    compute = gemm.flops / wave_efficiency(gemm, cal.num_sms) / ceiling + fixed
+    operands = NVFP4_BYTES * (gemm.m * gemm.k + gemm.k * gemm.n)
+    traffic = (operands + 2.0 * gemm.m * gemm.n) * gemm.batch
+    return max(compute, hbm_time_s(traffic, gpu, cal))
+
+
+def quantized_gemm_time_s(
+    gemm: Gemm, gpu: GpuSpec, cal: GpuCalibration, training: TrainingSpec
+) -> float:
+    """A layer GEMM in the training's quantised format: NVFP4 (:func:`fp4_gemm_time_s`)
+    or FP8 at its recipe's rate (:func:`fp8_gemm_time_s`)."""
+    if uses_fp4(training):
+        return fp4_gemm_time_s(gemm, gpu, cal)
+    return fp8_gemm_time_s(gemm, gpu, cal, fp8_gemm_rate(training))
 
 
 def hbm_time_s(num_bytes: float, gpu: GpuSpec, cal: GpuCalibration) -> float:

@@ -41,10 +41,10 @@ from pipette_cp.cost.compute.context_ring import per_rank_training
 from pipette_cp.cost.stack.kernels import (
     FP8_CAST_BYTES,
     activation_bytes,
-    fp8_cast_bytes,
     fp8_recipe,
-    keeps_fp8_tensors,
+    keeps_quantized_tensors,
     norm_bytes,
+    quantization_cast_bytes,
 )
 from pipette_cp.cost.workload.flops import (
     ATTENTION_CORE,
@@ -202,17 +202,17 @@ def layer_work(model: ModelSpec, training: TrainingSpec, plan: Plan, moe: bool) 
     )
 
 
-def layer_fp8_cast_bytes(
+def layer_cast_bytes(
     model: ModelSpec, training: TrainingSpec, plan: Plan, moe: bool
 ) -> tuple[float, float]:
     """HBM bytes of one layer's casts to FP8, (forward, backward).  Dense:
-    :func:`pipette_cp.cost.stack.kernels.fp8_cast_bytes` over a context-parallel rank's
+    :func:`pipette_cp.cost.stack.kernels.quantization_cast_bytes` over a context-parallel rank's
     tokens.  MoE, counted alike: the inputs of QKV, projection, the shared FC1/FC2 and
     the routed FC1/FC2 (``X`` rows) in forward, their output gradients in backward;
     without FP8 weight copies (torchao) also every local weight each way.  The router
     stays bf16 (no cast)."""
     if not moe:
-        return fp8_cast_bytes(model, per_rank_training(training, plan), plan)
+        return quantization_cast_bytes(model, per_rank_training(training, plan), plan)
     tokens = training.seq_length * plan.micro_batch_size // plan.cp
     h, t, etp = model.hidden_size, plan.tp, plan.expert_tp
     shared, width, n1 = model.shared_expert_width, model.expert_width, fc1_factor(model)
@@ -224,7 +224,7 @@ def layer_fp8_cast_bytes(
     if shared:
         forward += tokens * (hidden + shared / t)
         backward += tokens * (n1 * shared / t + hidden)
-    if not keeps_fp8_tensors(training):
+    if not keeps_quantized_tensors(training):
         weights = attn_weights + (n1 + 1) * shared * h / t
         weights += local_experts(model, plan) * (n1 + 1) * width * h / etp
         forward, backward = forward + weights, backward + weights

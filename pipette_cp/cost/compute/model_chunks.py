@@ -3,12 +3,14 @@
 Per layer and tensor-parallel rank: every GEMM (GQA and SwiGLU widths derived)
 at a size-dependent achieved FLOP/s capped by the HBM roofline, memory-bound
 element-wise work at HBM bandwidth, and the TP collectives over the intra-node
-link.  Backward = 2 x the forward GEMMs (FlashAttention 2.5 x); full recompute
+link.  Backward = 2 x the forward GEMMs (FlashAttention 2.5 x; under LoRA the frozen
+GEMMs' data gradients alone, plus the adapters': :mod:`pipette_cp.cost.compute.adapters`);
+full recompute
 adds one forward, selective the attention core (and Megatron-Core's other named modules
 their forward: :mod:`pipette_cp.cost.compute.recompute_time`).  Under fp8 training the layer GEMMs
 (QKV, projection, FC1, FC2) run at the FP8 ceiling
 (:func:`~pipette_cp.cost.compute.gemm.fp8_gemm_time_s`) plus the
-HBM traffic of their casts to FP8 (:func:`pipette_cp.cost.stack.kernels.fp8_cast_bytes`);
+HBM traffic of their casts to FP8 (:func:`pipette_cp.cost.stack.kernels.quantization_cast_bytes`);
 the attention core, the LM head and the element-wise kernels stay bf16 (Megatron builds
 its output layer outside Transformer Engine).  Parameters per GPU type live in
 :mod:`pipette_cp.cost.stack.calibration`; a :class:`~pipette_cp.specs.profile.LayerProfile`
@@ -29,10 +31,11 @@ from functools import partial
 
 import numpy as np
 
+from pipette_cp.cost.compute.adapters import adapter_times_s
 from pipette_cp.cost.compute.context_ring import check_cp_bandwidth, ring_exposed_s
-from pipette_cp.cost.compute.gemm import fp8_gemm_time_s, gemm_time_s
+from pipette_cp.cost.compute.gemm import gemm_time_s, quantized_gemm_time_s
 from pipette_cp.cost.compute.gemm import hbm_time_s as _hbm_time_s
-from pipette_cp.cost.compute.layer_work import check_profile, layer_fp8_cast_bytes, layer_work
+from pipette_cp.cost.compute.layer_work import check_profile, layer_cast_bytes, layer_work
 from pipette_cp.cost.compute.recompute_time import module_recompute_s
 from pipette_cp.cost.compute.stage_extras import boundary_times as _boundary_times
 from pipette_cp.cost.compute.stage_extras import mtp_times, tp_collective_time_s
@@ -48,16 +51,16 @@ from pipette_cp.cost.stack.kernels import (
     SOFTMAX_BYTES,
     attention_kernel,
     check_precision,
-    fp8_gemm_rate,
     fused_attention_efficiency,
-    uses_fp8,
+    uses_quantized_gemms,
 )
 from pipette_cp.cost.workload.flops import ATTENTION_CORE, layer_gemms
 from pipette_cp.cost.workload.latent_attention import attention_input_width
-from pipette_cp.cost.workload.parameters import expert_shard_group, stage_param_split
+from pipette_cp.cost.workload.lora import trained_param_split
+from pipette_cp.cost.workload.parameters import expert_shard_group
 from pipette_cp.cost.workload.sliding_window import window_tile_fraction
 from pipette_cp.cost.workload.tokens import moe_layers_by_chunk
-from pipette_cp.errors import SpecError
+from pipette_cp.errors import SpecError, UnsupportedError
 from pipette_cp.specs.gpu import GpuSpec
 from pipette_cp.specs.knobs.recompute import selective_modules
 from pipette_cp.specs.model import ModelSpec
@@ -166,19 +169,23 @@ def layer_times(
     check_cp_bandwidth(plan, cp_bandwidth_bytes_per_s)
     work = layer_work(model, training, plan, moe)
     dense = work.gemms  # FP8 under fp8 (the router apart)
+    frozen = training.lora is not None  # LoRA: no weight gradient of the layer GEMMs
     core_fwd, core_bwd = _attention_core_times(model, training, gpu, plan, cal)
     elementwise = _hbm_time_s(work.elementwise_bytes, gpu, cal)
-    if uses_fp8(training):  # the layer GEMMs in FP8 (Transformer Engine), plus their casts
+    if uses_quantized_gemms(training):  # the layer GEMMs in FP8 / NVFP4 (TE), plus casts
         check_precision(training, gpu)
-        rate = fp8_gemm_rate(training)
-        fwd_gemms = sum(fp8_gemm_time_s(g, gpu, cal, rate) for g in dense)
-        bwd_gemms = sum(fp8_gemm_time_s(x, gpu, cal, rate) for g in dense for x in g.backward())
-        casts = layer_fp8_cast_bytes(model, training, plan, moe)
+        fwd_gemms = sum(quantized_gemm_time_s(g, gpu, cal, training) for g in dense)
+        bwd_gemms = sum(
+            quantized_gemm_time_s(x, gpu, cal, training) for g in dense for x in g.backward(frozen)
+        )
+        casts = layer_cast_bytes(model, training, plan, moe)
         cast_fwd, cast_bwd = (_hbm_time_s(x, gpu, cal) for x in casts)
         fwd_gemms, bwd_gemms = fwd_gemms + cast_fwd, bwd_gemms + cast_bwd
     else:
         fwd_gemms = sum(gemm_time_s(g, gpu, cal) for g in dense)
-        bwd_gemms = sum(gemm_time_s(x, gpu, cal) for g in dense for x in g.backward())
+        bwd_gemms = sum(gemm_time_s(x, gpu, cal) for g in dense for x in g.backward(frozen))
+    adapter_fwd, adapter_bwd = adapter_times_s(model, training, gpu, plan, cal)  # LoRA's
+    fwd_gemms, bwd_gemms = fwd_gemms + adapter_fwd, bwd_gemms + adapter_bwd
     if work.router is not None:  # the router GEMM stays bf16 under FP8
         fwd_gemms += gemm_time_s(work.router, gpu, cal)
         bwd_gemms += sum(gemm_time_s(x, gpu, cal) for x in work.router.backward())
@@ -234,6 +241,10 @@ def measured_layer_times(
     :class:`~pipette_cp.errors.UnsupportedError` for a MoE model or cp > 1
     (:func:`~pipette_cp.cost.compute.layer_work.check_profile`)."""
     check_profile(model, plan)
+    if training.lora is not None:
+        raise UnsupportedError("training.lora", "{...}", "a LayerProfile measures the layers "
+                               "of full training, not LoRA's: drop the profile to use the "
+                               "analytic model")  # fmt: skip
     entry = profile.lookup(plan, training)
     if profile.includes_tp_comm:
         return LayerTimes(entry.forward_s, entry.backward_s, 0.0, 0.0, 0.0)  # all measured
@@ -370,10 +381,12 @@ def optimizer_step_time_s(
     (``plan.optimizer_offload_fraction``) updates the rest of the shard on the device and
     adds the host's part (:func:`~pipette_cp.cost.stack.frameworks.host_optimizer_time_s`).
     The distributed optimizer updates 1/(dp cp) of the dense parameters, 1/expert_dp of
-    the experts'.
+    the experts'.  Under LoRA only the adapters are trained
+    (:func:`~pipette_cp.cost.workload.lora.trained_param_split`): the step and the
+    gradient zeroing touch them alone.
     """
     cal = calibration_for(gpu)
-    dense, experts = stage_param_split(model, plan, stage)  # MTP modules included
+    dense, experts = trained_param_split(model, training, plan, stage)  # MTP modules included
     params = dense + experts
     # the distributed optimizer: dense state over dp x cp, the experts' over expert dp
     shard = dense / plan.shard_group + experts / expert_shard_group(plan) \

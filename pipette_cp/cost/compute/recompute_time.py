@@ -25,11 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pipette_cp.cost.compute.gemm import fp8_gemm_time_s, gemm_time_s, hbm_time_s
+from pipette_cp.cost.compute.gemm import gemm_time_s, hbm_time_s, quantized_gemm_time_s
 from pipette_cp.cost.compute.layer_work import LayerWork
 from pipette_cp.cost.compute.stage_extras import tp_collective_time_s
 from pipette_cp.cost.stack.calibration import GpuCalibration
-from pipette_cp.cost.stack.kernels import activation_bytes, fp8_gemm_rate, norm_bytes, uses_fp8
+from pipette_cp.cost.stack.kernels import activation_bytes, norm_bytes, uses_quantized_gemms
 from pipette_cp.cost.workload.flops import Gemm
 from pipette_cp.cost.workload.latent_attention import rope_elements
 from pipette_cp.cost.workload.tokens import expert_tokens, unit_tokens
@@ -51,10 +51,9 @@ _GEMMS = {
 def _gemms_s(
     gemms: Iterable[Gemm], training: TrainingSpec, gpu: GpuSpec, cal: GpuCalibration
 ) -> float:
-    """The layer GEMMs' time, in FP8 under fp8 training."""
-    if uses_fp8(training):
-        rate = fp8_gemm_rate(training)
-        return sum(fp8_gemm_time_s(g, gpu, cal, rate) for g in gemms)
+    """The layer GEMMs' time, in FP8 or NVFP4 under quantised training."""
+    if uses_quantized_gemms(training):
+        return sum(quantized_gemm_time_s(g, gpu, cal, training) for g in gemms)
     return sum(gemm_time_s(g, gpu, cal) for g in gemms)
 
 

@@ -69,9 +69,12 @@ def boundary_times(
     # the LM head gathers its input in forward and reduces its gradient in backward.
     half = tp_collective_time_s(2.0 * tokens * h, t, tp_bandwidth_bytes_per_s)
     # Embedding: gather rows (read + write 2 B), dropout (read, write, mask); backward
-    # scatter-adds the gradient into the table (~2 x the traffic).
+    # scatter-adds the gradient into the table (~2 x the traffic), which a frozen table
+    # (LoRA, cost.workload.lora) does not need.
+    frozen = training.lora is not None
     emb_bytes = tokens * h * (4.0 + 5.0)
-    emb = (hbm_time_s(emb_bytes, gpu, cal) + 2 * half, hbm_time_s(2 * emb_bytes, gpu, cal))
+    emb_bwd = 0.0 if frozen else hbm_time_s(2 * emb_bytes, gpu, cal)
+    emb = (hbm_time_s(emb_bytes, gpu, cal) + 2 * half, emb_bwd)
     head = Gemm("lm_head", tokens, vocab // t, h)
     logits = tokens * vocab / t
     # The vocab-parallel cross-entropy (cost.kernels.CROSS_ENTROPY_BYTES, fused or not);
@@ -80,7 +83,7 @@ def boundary_times(
     head_fwd = gemm_time_s(head, gpu, cal) + hbm_time_s(
         ce_fwd * logits + 8.0 * tokens * h, gpu, cal
     )
-    head_bwd = sum(gemm_time_s(g, gpu, cal) for g in head.backward())
+    head_bwd = sum(gemm_time_s(g, gpu, cal) for g in head.backward(frozen))
     head_bwd += hbm_time_s(ce_bwd * logits + 16.0 * tokens * h, gpu, cal)
     return (*emb, 2 * half, 0.0), (head_fwd + half, head_bwd + half, half, half)
 

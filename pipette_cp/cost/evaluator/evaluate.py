@@ -183,7 +183,8 @@ class Evaluator:
         model, training = inst.model, inst.training
         dp, pp, tp, vpp = plan.replicas, plan.pp, plan.tp, plan.vpp  # dp: DP ring length
         key = _knobs(plan)
-        tied = model.tied_embeddings and pp > 1
+        # the two copies' gradient all-reduce (none for LoRA's frozen embedding)
+        tied = model.tied_embeddings and pp > 1 and training.lora is None
         args = (pp, plan.replicas, tp, vpp, tied, fabric.num_nodes)
         f: FlowTemplate = self._memo.get(("flows", *args[:5]), partial(flow_template, *args))
         flat = gpus.ravel()

@@ -30,7 +30,7 @@ from pipette_cp.cost.network.parallel_groups import (
     node_dedup_factor,
     stage_alltoall_times_s,
 )
-from pipette_cp.cost.workload.parameters import stage_param_split
+from pipette_cp.cost.workload.lora import trained_param_split
 from pipette_cp.cost.workload.tokens import dispatch_bytes, moe_layers_by_chunk, rank_tokens
 from pipette_cp.specs.instance import Instance
 from pipette_cp.specs.knobs.recompute import selective_modules
@@ -106,11 +106,13 @@ class ExpertGroupCosts:
         )  # fmt: skip
 
     def param_split(self, plan: Plan, key: tuple) -> np.ndarray:
-        """(pp, 2): dense and routed-expert parameters per GPU of every stage (cached)."""
-        model = self.instance.model
+        """(pp, 2): dense and routed-expert parameters per GPU of every stage that are
+        trained, all of them but under LoRA (the adapters: cost.workload.lora) (cached)."""
+        model, training = self.instance.model, self.instance.training
 
         def make() -> np.ndarray:
-            out = np.array([stage_param_split(model, plan, s) for s in range(plan.pp)])
+            split = [trained_param_split(model, training, plan, s) for s in range(plan.pp)]
+            out = np.array(split)
             out.flags.writeable = False
             return out
 

@@ -20,17 +20,18 @@ from pipette_cp.cost.memory import recompute as memory_recompute
 from pipette_cp.cost.stack.frameworks import resolve_framework
 from pipette_cp.cost.stack.kernels import (
     LOGITS_KEPT_BYTES,
-    keeps_fp8_tensors,
+    keeps_quantized_tensors,
+    quantized_bytes,
     unfused_activation_extra_bytes,
     unfused_norm_extra_bytes,
     uses_fused_attention,
 )
 from pipette_cp.cost.workload.latent_attention import latent_activation_bytes
+from pipette_cp.cost.workload.lora import adapter_activation_bytes
 from pipette_cp.cost.workload.parameters import padded_vocab_size
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.training import TrainingSpec
-from pipette_cp.units import FP8_BYTES
 
 
 def full_layer_activation_bytes(
@@ -51,7 +52,7 @@ def full_layer_activation_bytes(
     # The bytes of a GEMM input kept for the weight gradient: 2, or under FP8 with
     # Transformer Engine the FP8 column-wise copy, 1 ("Performance considerations",
     # memory usage: TE saves the quantized input for backward; torchao keeps bf16).
-    gemm_in = float(FP8_BYTES) if keeps_fp8_tensors(training) else 2.0
+    gemm_in = quantized_bytes(training) if keeps_quantized_tensors(training) else 2.0
     # Korthikanti et al. 2022 sec. 4.1: 2 norm inputs (2sbh each), QKV and FC1 inputs
     # (2sbh each), two 1-byte dropout masks (sbh each) -> 10sbh; replicated over tp
     # unless sequence parallel.  A norm written in PyTorch keeps more (cost.kernels).  A
@@ -86,7 +87,9 @@ def full_layer_activation_bytes(
     else:
         core = memory_recompute.unfused_core_bytes(model, training, plan)
     total = replicated + split + core
-    return (total + memory_moe.moe_mlp_activation_bytes(model, training, plan)) if moe else total
+    if moe:
+        return total + memory_moe.moe_mlp_activation_bytes(model, training, plan)
+    return total + adapter_activation_bytes(model, training, plan)  # LoRA's intermediates
 
 
 def activation_bytes_per_layer(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:

@@ -42,13 +42,17 @@ from __future__ import annotations
 import numpy as np
 
 from pipette_cp.cost.stack.frameworks import resolve_framework
-from pipette_cp.cost.stack.kernels import keeps_fp8_tensors, unfused_activation_extra_bytes
+from pipette_cp.cost.stack.kernels import (
+    keeps_quantized_tensors,
+    quantized_bytes,
+    unfused_activation_extra_bytes,
+)
 from pipette_cp.cost.workload.parameters import chunk_layer_kinds
 from pipette_cp.cost.workload.tokens import cp_chunk_bytes, expert_tokens, rank_tokens, unit_tokens
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.training import TrainingSpec
-from pipette_cp.units import BYTES_PER_ELEMENT, FP8_BYTES
+from pipette_cp.units import BYTES_PER_ELEMENT
 
 #: Router bytes per routed token and expert: fp32 logits and scores, bool routing map.
 ROUTER_BYTES_PER_EXPERT = 4.0 + 4.0 + 1.0
@@ -58,7 +62,7 @@ ROUTER_BYTES_PER_COPY = 4.0 + 8.0
 
 def _gemm_in(training: TrainingSpec) -> float:
     """Bytes of a GEMM input kept for the weight gradient (FP8 under Transformer Engine)."""
-    return float(FP8_BYTES) if keeps_fp8_tensors(training) else 2.0
+    return quantized_bytes(training) if keeps_quantized_tensors(training) else 2.0
 
 
 def _mlp_bytes_per_width(model: ModelSpec, training: TrainingSpec) -> float:
@@ -105,7 +109,7 @@ def shared_expert_activation_bytes(model: ModelSpec, training: TrainingSpec, pla
     al. 2022's MLP terms); under FP8 their FC1 keeps an FP8 copy of its input."""
     if not model.num_shared_experts:
         return 0.0
-    fp8_in = float(FP8_BYTES) if keeps_fp8_tensors(training) else 0.0
+    fp8_in = quantized_bytes(training) if keeps_quantized_tensors(training) else 0.0
     inputs = rank_tokens(training, plan) * model.hidden_size * fp8_in
     inner = unit_tokens(training, plan) * model.shared_expert_width / plan.tp
     return inputs + inner * _mlp_bytes_per_width(model, training)

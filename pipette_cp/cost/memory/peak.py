@@ -7,7 +7,9 @@ Parts (all bytes, for the most loaded GPU of the stage):
   plus two fp32 moments (12 B) per parameter, 18 B in all; the distributed
   optimizer (ZeRO-1) shards the 12 B over the dp x cp ranks (routed experts: over the
   expert data-parallel ranks).  FP8 training (Transformer Engine) keeps the same state
-  plus FP8 copies of the layer GEMM weights (:mod:`pipette_cp.cost.memory.state`).
+  plus FP8 copies of the layer GEMM weights (:mod:`pipette_cp.cost.memory.state`).  LoRA
+  fine-tuning keeps the frozen base weights alone and the adapters' full state
+  (:mod:`pipette_cp.cost.workload.lora`).
 - activations: per layer per micro-batch (:mod:`pipette_cp.cost.memory.activations`:
   Korthikanti et al. 2022, Table 2, derived term by term), times the layers of the
   stage, times the micro-batches in flight under (interleaved) 1F1B; plus the embedding's
@@ -58,8 +60,8 @@ from pipette_cp.cost.memory.limits import (
 from pipette_cp.cost.memory.state import state_bytes_per_param
 from pipette_cp.cost.stack.calibration import MEMORY_CALIBRATION, MemoryCalibration
 from pipette_cp.cost.stack.frameworks import gradient_bytes, resolve_framework
-from pipette_cp.cost.stack.kernels import uses_fp8
-from pipette_cp.cost.workload import parameters
+from pipette_cp.cost.stack.kernels import uses_quantized_gemms
+from pipette_cp.cost.workload import lora, parameters
 from pipette_cp.cost.workload.parameters import (
     layer_params_per_gpu,
     padded_vocab_size,
@@ -155,10 +157,12 @@ def _temporary_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> fl
         temp += layer * gradient_bytes(training, plan).buffer
         if plan.sharding == "optim_grads_params":
             temp += 2 * layer * fw.weight_bytes
-    if uses_fp8(training) and not state.fp8_weight_bytes_per_layer(model, training, plan):
-        # FP8 weights not kept: those of the layer being computed (row- and column-wise)
+    if uses_quantized_gemms(training) and not state.fp8_weight_bytes_per_layer(
+        model, training, plan
+    ):
+        # quantised weights not kept: those of the layer being computed (both layouts)
         gemm = parameters.largest_layer_gemm_params_per_gpu(model, plan)
-        temp += gemm * state.FP8_WEIGHT_BYTES
+        temp += gemm * state.quantized_weight_bytes(training)
     if plan.pp > 1:
         # Pipeline send and receive buffers of activations and their gradients,
         # 2sbh each (/t with sequence parallelism): one pair per direction.
@@ -236,6 +240,9 @@ def _stage(
 ) -> MemoryBreakdown:
     (w_b, g_b, o_b), (we_b, ge_b, oe_b) = shared.state_per_param, shared.expert_state_per_param
     params, experts = parameters.stage_param_split(model, plan, stage)  # MTP included
+    # LoRA: the base weights frozen (weights alone), the adapters trained (cost.workload.lora)
+    adapters = lora.stage_adapter_params(model, training, plan, stage)
+    trained, trained_experts = (adapters, 0.0) if training.lora else (params, experts)
     units = in_flight_microbatches(plan, stage, shared.microbatches) * plan.vpp
     # Interleaving: each in-flight unit is one chunk's micro-batch; with an uneven
     # split, count the stage's largest chunk for every unit (err high).
@@ -267,9 +274,9 @@ def _stage(
     margin = shared.margin_fraction * dynamic
     fp8_weights = state.stage_fp8_weight_bytes(model, training, plan, stage)
     return MemoryBreakdown(
-        weights=params * w_b + experts * we_b + fp8_weights,
-        gradients=params * g_b + experts * ge_b,
-        optimizer_state=params * o_b + experts * oe_b,
+        weights=(params + adapters) * w_b + experts * we_b + fp8_weights,
+        gradients=trained * g_b + trained_experts * ge_b,
+        optimizer_state=trained * o_b + trained_experts * oe_b,
         activations=activations,
         logits=logits,
         temporary=temporary,

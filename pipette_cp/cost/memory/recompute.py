@@ -58,7 +58,8 @@ from __future__ import annotations
 
 from pipette_cp.cost.memory import moe_activations as memory_moe
 from pipette_cp.cost.stack.kernels import (
-    keeps_fp8_tensors,
+    keeps_quantized_tensors,
+    quantized_bytes,
     unfused_activation_extra_bytes,
     uses_fused_attention,
 )
@@ -110,7 +111,7 @@ def module_savings(model: ModelSpec, training: TrainingSpec, plan: Plan, moe: bo
     tokens, t = unit_tokens(training, plan), plan.tp
     h, routed = model.hidden_size, rank_tokens(training, plan)
     rows = tokens / t if plan.sequence_parallel else tokens  # replicated terms' tokens
-    gemm_in = 1.0 if keeps_fp8_tensors(training) else 2.0
+    gemm_in = quantized_bytes(training) if keeps_quantized_tensors(training) else 2.0
     saved = 0.0
     if "core_attn" not in modules and not uses_fused_attention(training, plan):
         saved -= unfused_core_bytes(model, training, plan)

@@ -12,7 +12,7 @@ from pipette_cp.cost.stack.frameworks import (
     optimizer_state_bytes,
     resolve_framework,
 )
-from pipette_cp.cost.stack.kernels import keeps_fp8_tensors
+from pipette_cp.cost.stack.kernels import keeps_quantized_tensors, quantized_bytes
 from pipette_cp.cost.workload.parameters import (
     expert_shard_group,
     layer_gemm_params_per_gpu,
@@ -22,17 +22,19 @@ from pipette_cp.cost.workload.parameters import (
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.training import GRADIENT_SHARDING, TrainingSpec
-from pipette_cp.units import FP8_BYTES
 
-#: Bytes of the FP8 copies of one GEMM weight element that Transformer Engine keeps: the
-#: row-wise copy for the forward and the column-wise one for the data gradient (Hopper
-#: transposes it; MXFP8's column-wise blocks differ; only tensor-scaled FP8 on Blackwell
-#: could share one layout, which the memory model, without the GPU, does not count).
-FP8_WEIGHT_BYTES = 2.0 * FP8_BYTES
+
+def quantized_weight_bytes(training: TrainingSpec) -> float:
+    """Bytes of the quantised copies of one GEMM weight element that Transformer Engine
+    keeps: the row-wise copy for the forward and the column-wise one for the data
+    gradient (Hopper transposes it; MXFP8's and NVFP4's column-wise blocks differ; only
+    tensor-scaled FP8 on Blackwell could share one layout, which the memory model,
+    without the GPU, does not count): 2 x 1 B under FP8, 2 x 0.5625 B under NVFP4."""
+    return 2.0 * quantized_bytes(training)
 
 
 def _keeps_fp8_weights(training: TrainingSpec, plan: Plan) -> bool:
-    return keeps_fp8_tensors(training) and plan.sharding != "optim_grads_params"
+    return keeps_quantized_tensors(training) and plan.sharding != "optim_grads_params"
 
 
 def fp8_weight_bytes_per_layer(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
@@ -43,7 +45,7 @@ def fp8_weight_bytes_per_layer(model: ModelSpec, training: TrainingSpec, plan: P
     ZeRO-3 (only the gathered layers have weights) and with torchao (casts each GEMM)."""
     if not _keeps_fp8_weights(training, plan):
         return 0.0
-    return layer_gemm_params_per_gpu(model, plan.tp) * FP8_WEIGHT_BYTES
+    return layer_gemm_params_per_gpu(model, plan.tp) * quantized_weight_bytes(training)
 
 
 def stage_fp8_weight_bytes(
@@ -63,9 +65,17 @@ def stage_fp8_weight_bytes(
     dense_layers, moe_layers = stage_layer_kinds(model, plan, stage)
     kept = dense_layers * fp8_weight_bytes_per_layer(model, training, plan)
     if moe_layers and _keeps_fp8_weights(training, plan):
-        kept += moe_layers * moe_layer_gemm_params_per_gpu(model, plan) * FP8_WEIGHT_BYTES
+        kept += (
+            moe_layers
+            * moe_layer_gemm_params_per_gpu(model, plan)
+            * quantized_weight_bytes(training)
+        )
     if plan.fp8_param_gather and kept:
-        kept -= kept / FP8_WEIGHT_BYTES * resolve_framework(training.framework).weight_bytes
+        kept -= (
+            kept
+            / quantized_weight_bytes(training)
+            * resolve_framework(training.framework).weight_bytes
+        )
     return kept
 
 

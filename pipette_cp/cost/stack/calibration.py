@@ -52,6 +52,9 @@ class GpuCalibration:
     #: ceiling of the FP8 layer GEMMs as a fraction of the FP8 peak (``eta_fp8``; the fixed
     #: per-GEMM time ``W_half / (peak x eta_max)`` is the bf16 GEMMs'); NaN: no FP8 cores
     fp8_gemm_efficiency_max: float = math.nan
+    #: ceiling of the NVFP4 layer GEMMs as a fraction of the dense FP4 peak (``eta_fp4``;
+    #: the fixed per-GEMM time as for FP8); NaN: no NVFP4 cores or no fit
+    fp4_gemm_efficiency_max: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,12 @@ _FITTED = {
 #: ``published_runs_moe_cp.csv`` (Transformer Engine, delayed scaling; 7 rows), grid step
 #: 0.005 minimising MAPE + 0.25 x worst step-time error (MAPE 3.3 %, held-out 6.5 %).
 _FP8_FITTED = {"H100": (0.660, "NeMo 24.07 FP8 performance summary (7 rows)")}
+#: NVFP4 GEMM ceiling ``eta_fp4`` (fraction of the dense FP4 peak) per GPU family with NVFP4
+#: tensor cores, fitted on the 6 dense NVFP4 rows of the fit side of ``modern_runs.csv``
+#: (Llama 3.1 8B on GB200, 405B on GB300; grid 0.20-0.80 step 0.01, minimising the mean
+#: |log step-time error|: 0.040; ``BLACKWELL_FIT_COMMAND``): the FP4 peak is 2-3x the FP8
+#: one, the GEMMs reach 1.1-1.6x the FP8 GEMMs' rate.
+_FP4_FITTED = {"B200": 0.35}
 
 
 def _provenance(family: str, rows: str) -> str:
@@ -137,6 +146,7 @@ DEFAULT_GPU_CALIBRATION = GpuCalibration(
     fitted=False,
     provenance="not fitted: the most pessimistic fitted values (no calibration rows)",
     fp8_gemm_efficiency_max=min(eta for eta, _ in _FP8_FITTED.values()),
+    fp4_gemm_efficiency_max=min(_FP4_FITTED.values()),
 )
 
 #: The Blackwell family's key: B200 and GB200 by name, B300 and GB300 by architecture.
@@ -160,10 +170,12 @@ GPU_CALIBRATION[BLACKWELL_FAMILY] = GpuCalibration(
     provenance=(
         "FP8 ceiling fitted on the 17 dense Blackwell rows of the fit side of modern_runs.csv "
         "(grid 0.40-0.80 step 0.01, minimising the mean |log step-time error|: 0.116): "
-        f"0.66; `{BLACKWELL_FIT_COMMAND}`; W_half H100's fixed per-GEMM time at B200's peak; "
+        f"0.66; NVFP4 ceiling on its 6 dense NVFP4 rows (0.040): 0.35; "
+        f"`{BLACKWELL_FIT_COMMAND}`; W_half H100's fixed per-GEMM time at B200's peak; "
         "bf16 ceiling and fused attention H100's"
     ),
     fp8_gemm_efficiency_max=0.66,
+    fp4_gemm_efficiency_max=_FP4_FITTED[BLACKWELL_FAMILY],
 )
 
 #: H200 is the H100 chip with more and faster HBM (the GpuSpec carries both).
@@ -224,6 +236,11 @@ def calibration_for(gpu: GpuSpec) -> GpuCalibration:
 def peak_flops(gpu: GpuSpec) -> float:
     """Dense tensor-core peak of ``gpu``, FLOP/s (never below 1 TFLOP/s)."""
     return max(gpu.peak_flops_per_s, _MIN_PEAK)
+
+
+def peak_fp4_flops(gpu: GpuSpec) -> float:
+    """Dense NVFP4 tensor-core peak of ``gpu``, FLOP/s (the FP8 peak where it has none)."""
+    return max(gpu.peak_fp4_flops_per_s or peak_fp8_flops(gpu), _MIN_PEAK)
 
 
 def peak_fp8_flops(gpu: GpuSpec) -> float:

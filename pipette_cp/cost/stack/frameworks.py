@@ -248,7 +248,7 @@ def gradient_bytes(training: TrainingSpec, plan: Plan | None = None) -> Gradient
     if plan is not None and plan.grad_reduce_in_bf16:
         return GradientBytes(BF16_GRADIENT_BYTES, BF16_GRADIENT_BYTES, BF16_GRADIENT_BYTES)
     buffer = resolve_framework(training.framework).gradient_bytes
-    if training.precision in ("bf16", "fp8"):
+    if training.precision in ("bf16", "fp8", "fp4"):
         wire = min(buffer, 4.0)
     else:
         wire = float(BYTES_PER_ELEMENT[training.precision])

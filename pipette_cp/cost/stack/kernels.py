@@ -93,6 +93,19 @@ def is_hopper(gpu: GpuSpec) -> bool:
     return gpu.architecture == "hopper"
 
 
+def default_attention_kernel(gpu: GpuSpec) -> AttentionKernel:
+    """The kernel Megatron-Core's Transformer Engine attention runs on ``gpu`` when none is
+    named: cuDNN's fused attention on Hopper and Blackwell (FlashAttention 2 supports
+    Ampere, Ada and Hopper only, per its README; Transformer Engine's backend selection
+    takes FusedAttention on compute capability 9.0 and 10.x), FlashAttention 2 elsewhere.
+
+    >>> from pipette_cp.specs.gpu import resolve_gpu
+    >>> [default_attention_kernel(resolve_gpu(g)) for g in ("a100", "h100", "b200", "gb300")]
+    ['flash2', 'cudnn', 'cudnn', 'cudnn']
+    """
+    return "cudnn" if is_hopper(gpu) or is_blackwell(gpu) else "flash2"
+
+
 def stack_kernel(training: TrainingSpec, gpu: GpuSpec, plan: Plan | None = None) -> AttentionKernel:
     """The attention kernel of ``plan`` (if it names one), else of the stack, on ``gpu``
     (Megatron-Core's default when neither says).
@@ -104,7 +117,7 @@ def stack_kernel(training: TrainingSpec, gpu: GpuSpec, plan: Plan | None = None)
         on an AMD GPU.
     """
     named = plan.attention_kernel if plan is not None else None
-    kernel = named or training.attention_kernel or ("cudnn" if is_hopper(gpu) else "flash2")
+    kernel = named or training.attention_kernel or default_attention_kernel(gpu)
     field = "plan.attention_kernel" if named else "training.attention_kernel"
     amd = gpu.vendor != "NVIDIA"
     refused = ("flash3", *NVIDIA_ONLY_ATTENTION) if amd else ("flash3",)
@@ -231,15 +244,51 @@ _BLOCK_RECIPES = {"blockwise": "Hopper or Blackwell GPUs (H100, H200, B200, GB20
                   "mxfp8": "Blackwell GPUs (B200, GB200)"}  # fmt: skip
 
 
+# ---------------------------------------------------------------------------- NVFP4
+#: Bytes per element of an NVFP4 tensor: a 4-bit E2M1 value and one E4M3 scale per block
+#: of 16 (NVIDIA, "Introducing NVFP4 for efficient and accurate low-precision
+#: inference", and Transformer Engine's NVFP4BlockScaling recipe; the one fp32 scale per
+#: tensor is negligible).
+NVFP4_BYTES = 0.5 + 1.0 / 16
+#: HBM bytes per element of one NVFP4 cast of a GEMM input: the amax pass for the
+#: per-tensor scale (read 2 B: NVFP4's second-level scale is current scaling), then read
+#: the bf16 tensor (2 B) and write the row-wise and column-wise NVFP4 copies (the
+#: column-wise one of a weight-gradient operand through the random Hadamard transform,
+#: fused in the cast kernel: Transformer Engine, NVFP4BlockScaling).
+NVFP4_CAST_BYTES = 2.0 + 2.0 + 2 * NVFP4_BYTES
+#: The architectures with NVFP4 tensor cores: data-centre Blackwell (Transformer Engine,
+#: "Datatype and hardware support matrix": NVFP4 on compute capability 10.0 and 10.3).
+NVFP4_ARCHITECTURES: tuple[Architecture, ...] = ("blackwell",)
+
+
 def uses_fp8(training: TrainingSpec) -> bool:
     """Whether the transformer layers' GEMMs run in FP8."""
     return training.precision == "fp8"
 
 
-def keeps_fp8_tensors(training: TrainingSpec) -> bool:
-    """Whether FP8 training keeps FP8 weight copies and FP8 GEMM inputs for backward
-    (Transformer Engine), rather than bf16 ones (torchao): the framework says."""
-    return uses_fp8(training) and resolve_framework(training.framework).fp8_keeps_fp8_tensors
+def uses_fp4(training: TrainingSpec) -> bool:
+    """Whether the transformer layers' GEMMs run in NVFP4."""
+    return training.precision == "fp4"
+
+
+def uses_quantized_gemms(training: TrainingSpec) -> bool:
+    """Whether the transformer layers' GEMMs run quantised (FP8 or NVFP4), their inputs
+    cast by Transformer Engine (:func:`quantization_cast_bytes`)."""
+    return training.precision in ("fp8", "fp4")
+
+
+def keeps_quantized_tensors(training: TrainingSpec) -> bool:
+    """Whether quantised training keeps quantised weight copies and quantised GEMM inputs
+    for backward (Transformer Engine), rather than bf16 ones (torchao): the framework
+    says."""
+    framework = resolve_framework(training.framework)
+    return uses_quantized_gemms(training) and framework.fp8_keeps_fp8_tensors
+
+
+def quantized_bytes(training: TrainingSpec) -> float:
+    """Bytes of one element of a kept quantised tensor: FP8 1 B, NVFP4
+    :data:`NVFP4_BYTES`."""
+    return NVFP4_BYTES if uses_fp4(training) else 1.0
 
 
 def fp8_recipe(training: TrainingSpec) -> Fp8Recipe:
@@ -265,6 +314,8 @@ def check_precision(training: TrainingSpec, gpu: GpuSpec) -> None:
         cores (no ``peak_fp8_flops_per_s``: V100, A100); a tensor-scaled recipe on an
         architecture before Ada (a user GPU that gives an FP8 peak anyway).
     """
+    if uses_fp4(training):
+        _check_fp4(gpu)
     if not uses_fp8(training):
         return
     recipe = fp8_recipe(training)
@@ -290,6 +341,22 @@ def check_precision(training: TrainingSpec, gpu: GpuSpec) -> None:
         raise SpecError("training.precision", "fp8", _architecture_refusal(gpu, allowed))
 
 
+def _check_fp4(gpu: GpuSpec) -> None:
+    """Refuse NVFP4 on a GPU without NVFP4 tensor cores (:data:`NVFP4_ARCHITECTURES`)."""
+    if gpu.architecture in NVFP4_ARCHITECTURES and gpu.peak_fp4_flops_per_s is not None:
+        return
+    if gpu.architecture == "unknown" and gpu.peak_fp4_flops_per_s is not None:
+        return  # a user GPU that gives an NVFP4 peak
+    if gpu.peak_fp4_flops_per_s is None and gpu.architecture in NVFP4_ARCHITECTURES:
+        why = f"{gpu.name} gives no peak_fp4_flops_per_s"
+    else:
+        why = f"{gpu.name}'s architecture is '{gpu.architecture}'"
+    raise SpecError(
+        "training.precision", "fp4",
+        f"NVFP4 needs Blackwell GPUs (B200, GB200, B300, GB300); {why}: use fp8 or bf16",
+    )  # fmt: skip
+
+
 def _architecture_refusal(gpu: GpuSpec, allowed: tuple[Architecture, ...]) -> str:
     """``needs gpu.architecture a, b or c; <name>'s is '<arch>'`` and what to do instead."""
     names = ", ".join(allowed[:-1]) + f" or {allowed[-1]}" if len(allowed) > 1 else allowed[0]
@@ -308,11 +375,13 @@ def fp8_gemm_rate(training: TrainingSpec) -> float:
     return FP8_RECIPE_RATE[fp8_recipe(training)]
 
 
-def fp8_cast_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> tuple[float, float]:
-    """HBM bytes of one layer's casts to FP8 for one micro-batch on one GPU, (forward,
-    backward): the inputs of QKV, projection, FC1 and FC2 in forward (the QKV and FC1
+def quantization_cast_bytes(
+    model: ModelSpec, training: TrainingSpec, plan: Plan
+) -> tuple[float, float]:
+    """HBM bytes of one layer's casts to FP8 or NVFP4 for one micro-batch on one GPU,
+    (forward, backward): the inputs of QKV, projection, FC1 and FC2 in forward (the QKV and FC1
     inputs before the sequence-parallel all-gather, which then moves FP8), their output
-    gradients in backward, :data:`FP8_CAST_BYTES` per element.  A framework that keeps no
+    gradients in backward, :func:`cast_bytes_per_element` per element.  A framework that keeps no
     FP8 weights (torchao) also casts every GEMM's weight in forward and again in backward;
     Transformer Engine casts them once per step (not counted)."""
     tokens = training.seq_length * plan.micro_batch_size
@@ -323,8 +392,14 @@ def fp8_cast_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> tupl
     attn_fwd, attn_bwd, attn_weights = attention_cast_elements(model, tokens, plan)
     forward = attn_fwd + tokens * (hidden + f / t)
     backward = attn_bwd + tokens * (fc1 / t + hidden)
-    if not keeps_fp8_tensors(training):
+    if not keeps_quantized_tensors(training):
         weights = attn_weights + (h * fc1 + f * h) / t
         forward, backward = forward + weights, backward + weights
-    per_element = FP8_CAST_BYTES[fp8_recipe(training)]
+    per_element = cast_bytes_per_element(training)
     return forward * per_element, backward * per_element
+
+
+def cast_bytes_per_element(training: TrainingSpec) -> float:
+    """HBM bytes of one element's cast to the training's quantised format:
+    :data:`FP8_CAST_BYTES` of the recipe, or :data:`NVFP4_CAST_BYTES`."""
+    return NVFP4_CAST_BYTES if uses_fp4(training) else FP8_CAST_BYTES[fp8_recipe(training)]

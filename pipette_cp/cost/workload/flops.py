@@ -44,12 +44,13 @@ class Gemm:
         """2 m n k per product (a multiply and an add)."""
         return 2.0 * self.m * self.n * self.k * self.batch
 
-    def backward(self) -> tuple[Gemm, Gemm]:
-        """Data-gradient and weight-gradient products (same FLOPs each)."""
-        return (
-            Gemm(f"{self.name}.dgrad", self.m, self.k, self.n, self.batch),
-            Gemm(f"{self.name}.wgrad", self.k, self.n, self.m, self.batch),
-        )
+    def backward(self, frozen: bool = False) -> tuple[Gemm, ...]:
+        """Data-gradient and weight-gradient products (same FLOPs each); ``frozen``: the
+        weight is not trained (LoRA's base weights), the data gradient alone."""
+        dgrad = Gemm(f"{self.name}.dgrad", self.m, self.k, self.n, self.batch)
+        if frozen:
+            return (dgrad,)
+        return dgrad, Gemm(f"{self.name}.wgrad", self.k, self.n, self.m, self.batch)
 
 
 def fc1_factor(model: ModelSpec) -> int:

@@ -108,7 +108,7 @@ def attention_cast_elements(
     gradient (``m n``; the row-parallel projection's before its reduce-scatter is the
     ``/ tp`` hidden vector with sequence parallelism); weights ``k n``.  For ordinary
     attention this is the QKV and projection part of
-    :func:`pipette_cp.cost.stack.kernels.fp8_cast_bytes`.
+    :func:`pipette_cp.cost.stack.kernels.quantization_cast_bytes`.
     """
     t, sp = plan.tp, plan.sequence_parallel
     forward = backward = 0.0

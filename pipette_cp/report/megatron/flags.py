@@ -125,8 +125,11 @@ DELAYED_AMAX = (("--fp8-amax-history-len", "1024"), ("--fp8-amax-compute-algo", 
 def precision_flags(instance: Instance) -> list[Flag]:
     """``--bf16`` / ``--fp16``; for fp8 ``--bf16`` with ``--fp8-format`` and ``--fp8-recipe``
     (Transformer Engine runs the layer GEMMs in FP8, everything else stays bf16) and, for
-    delayed scaling, its amax history (:data:`DELAYED_AMAX`)."""
+    delayed scaling, its amax history (:data:`DELAYED_AMAX`); for fp4 ``--bf16`` with
+    ``--fp4-format e2m1 --fp4-recipe nvfp4`` (the layer GEMMs in NVFP4)."""
     t = instance.training
+    if t.precision == "fp4":
+        return [("--bf16", None), ("--fp4-format", "e2m1"), ("--fp4-recipe", "nvfp4")]
     if t.precision != "fp8":
         return [(f"--{t.precision}", None)]
     recipe = fp8_recipe(t)
@@ -215,6 +218,11 @@ def megatron_notes(instance: Instance, plan: Plan) -> list[str]:
         )
     if plan.sequence_parallel and plan.tp == 1:
         notes.append("--sequence-parallel left out: it needs tensor parallelism (tp = 1 here)")
+    if t.precision == "fp4":
+        notes.append(
+            "fp4: costed with every transformer layer's GEMMs in NVFP4 and the output layer, "
+            "attention and element-wise kernels in bf16 (Megatron's defaults)"
+        )
     if t.precision == "fp8":
         notes.append(
             "fp8: costed with every transformer layer's GEMMs in FP8 and the output layer, "
@@ -263,8 +271,23 @@ def fusion_args(instance: Instance) -> list[str]:
 def megatron_flags(instance: Instance, plan: Plan) -> list[Flag]:
     """Every flag: parallel sizes (tp, pp, cp, ep, etp), then each knob's (batch, SP,
     recompute, sharding, ...: :attr:`pipette_cp.specs.knobs.Knob.megatron`), kernels,
-    overlaps, split with the interleaving, then the model (:func:`model_flags`)."""
+    overlaps, split with the interleaving, then the model (:func:`model_flags`).
+
+    Raises
+    ------
+    UnsupportedError
+        A LoRA job (``training.lora``): Megatron-LM's parser has no LoRA flags (LoRA
+        fine-tuning runs in Megatron-Bridge or NeMo), and its arguments alone would
+        launch full training.
+    """
     t = instance.training
+    if (lora := t.lora) is not None:
+        raise UnsupportedError(
+            "training.lora",
+            f"rank {lora.rank} on {', '.join(lora.target_modules)}",
+            "Megatron-LM has no LoRA flags (LoRA fine-tuning runs in Megatron-Bridge or "
+            "NeMo); its export would launch full training",
+        )
     flags: list[Flag] = [
         ("--tensor-model-parallel-size", str(plan.tp)),
         ("--pipeline-model-parallel-size", str(plan.pp)),

@@ -23,13 +23,12 @@ from pipette_cp.cost.memory.peak import (
     layer_params_per_gpu,
     memory_by_stage,
     padded_vocab_size,
-    stage_params_per_gpu,
     usable_memory_bytes,
 )
 from pipette_cp.cost.network import collectives as comm
 from pipette_cp.cost.network.data_parallel import gradient_wire_bytes, param_wire_bytes
 from pipette_cp.cost.network.tp_rings import best_partition, partition_is_complete, ring_bandwidths
-from pipette_cp.cost.workload.parameters import stage_param_split
+from pipette_cp.cost.workload.lora import trained_param_split
 from pipette_cp.cost.workload.tokens import unit_tokens
 from pipette_cp.errors import InfeasibleError, LayoutError
 from pipette_cp.solvers.placement.data import Family, PlacementData
@@ -232,13 +231,15 @@ def _stage_tables(
     # gradient and parameter bytes on the DP rings, as the evaluator
     grad, gathered = gradient_wire_bytes(training, plan), param_wire_bytes(training, plan)
     dp = plan.replicas
-    params = np.array([stage_params_per_gpu(model, plan, s) for s in range(plan.pp)])
+    # the trained parameters (all, or LoRA's adapters: cost.workload.lora)
+    split = [trained_param_split(model, training, plan, s) for s in range(plan.pp)]
+    params = np.array([dense + experts for dense, experts in split])
     sync = comm._RING_FACTOR["reduce_scatter" if plan.distributed_optimizer else "all_reduce"]
     gather_on = plan.distributed_optimizer and not training.overlap_param_gather
     gather_ratio = (gathered / (sync * grad)) if gather_on else 0.0
     synced = params
     if model.is_moe and expert_rings_apart(plan):  # the experts have rings of their own
-        synced = np.array([stage_param_split(model, plan, s)[0] for s in range(plan.pp)])
+        synced = np.array([dense for dense, _ in split])
     if plan.sharding in GRADIENT_SHARDING:
         # ZeRO-2/3 (pp = 1): the ring variable is one layer's gradient reduce-scatter
         # (dp_collectives.per_layer_collectives), its weight all-gather elem / grad of it;

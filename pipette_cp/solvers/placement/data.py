@@ -140,7 +140,8 @@ class PlacementData:
 
     @property
     def tied(self) -> bool:
-        return bool(self.instance.model.tied_embeddings and self.plan.pp > 1)
+        frozen = self.instance.training.lora is not None  # LoRA: no embedding gradient
+        return bool(self.instance.model.tied_embeddings and self.plan.pp > 1 and not frozen)
 
     @property
     def multi(self) -> bool:

@@ -92,10 +92,13 @@ def _sharding_levels(job: Job, replicas: int, pp: int) -> list[Sharding]:
         wanted: list[Sharding] = ["optim" if do else "none" for do in space.distributed_optimizer]
     else:
         wanted = list(space.dp_sharding)
+    # LoRA: sharding gradients or parameters not modelled (_sharding_with_lora)
+    gradients_ok = job.training.lora is None
     ok = [
         level
         for level in wanted
-        if level == "none" or (replicas > 1 and (pp == 1 or level not in GRADIENT_SHARDING))
+        if level == "none"
+        or (replicas > 1 and (level not in GRADIENT_SHARDING or (pp == 1 and gradients_ok)))
     ]
     rank = ("optim_grads_params", "optim_grads", "optim", "none")
     return sorted(set(ok or ["none"]), key=rank.index)
@@ -124,6 +127,13 @@ def _sharding_with_experts(job: Job, plan: _Sharded) -> None:
     if job.model.is_moe and plan.sharding in GRADIENT_SHARDING:
         raise LayoutError("plan.dp_sharding", plan.sharding, "sharding gradients or parameters "
                           "of a mixture-of-experts model is not modelled (use none or optim)")  # fmt: skip
+
+
+def _sharding_with_lora(job: Job, plan: _Sharded) -> None:
+    if job.training.lora is not None and plan.sharding in GRADIENT_SHARDING:
+        raise LayoutError("plan.dp_sharding", plan.sharding, "sharding gradients or parameters "
+                          "under LoRA fine-tuning (training.lora) is not modelled (use none or "
+                          "optim)")  # fmt: skip
 
 
 def _hybrid_groups(job: Job, plan: _Sharded) -> None:
@@ -172,6 +182,7 @@ SHARDING: Knob[_Sharded] = Knob(
     choices=_sharding_choices,
     rules=(
         Rule(Phase.EXPERT_STATE, _sharding_with_experts),
+        Rule(Phase.SCHEDULE, _sharding_with_lora),
         Rule(Phase.SCHEDULE, _hybrid_groups),
         Rule(Phase.SCHEDULE, _gradients_without_pipeline),
     ),

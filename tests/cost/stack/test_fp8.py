@@ -10,11 +10,15 @@ import pytest
 from pipette_cp.cost.compute.model_chunks import _boundary_times, chunk_times, layer_times
 from pipette_cp.cost.evaluator.evaluate import evaluate
 from pipette_cp.cost.memory.peak import activation_bytes_per_layer, memory_by_stage
-from pipette_cp.cost.memory.state import FP8_WEIGHT_BYTES
 from pipette_cp.cost.network.data_parallel import gradient_wire_bytes
 from pipette_cp.cost.stack.calibration import GPU_CALIBRATION, calibration_for, peak_fp8_flops
 from pipette_cp.cost.stack.frameworks import framework_calibration
-from pipette_cp.cost.stack.kernels import check_precision, fp8_cast_bytes, fp8_format, is_blackwell
+from pipette_cp.cost.stack.kernels import (
+    check_precision,
+    fp8_format,
+    is_blackwell,
+    quantization_cast_bytes,
+)
 from pipette_cp.cost.workload.parameters import layer_gemm_params_per_gpu
 from pipette_cp.errors import SpecError
 from pipette_cp.experiments.models.fp8_accuracy import FP8_GPU_FAMILY, fit_fp8, fp8_rows, run_fp8
@@ -123,7 +127,7 @@ def test_tensorwise_costs_more_than_delayed_and_blockwise_gemms_are_slower() -> 
     }
     assert times["delayed"].forward_s < times["tensorwise"].forward_s
     assert times["delayed"].forward_s < times["blockwise"].forward_s
-    delayed, tensorwise = (fp8_cast_bytes(MODEL, training("fp8", fp8_recipe=r), plan()) for r in ("delayed", "tensorwise"))  # fmt: skip
+    delayed, tensorwise = (quantization_cast_bytes(MODEL, training("fp8", fp8_recipe=r), plan()) for r in ("delayed", "tensorwise"))  # fmt: skip
     assert tensorwise[0] == pytest.approx(1.5 * delayed[0])  # one more bf16 read for the amax
 
 
@@ -149,7 +153,7 @@ def test_fp8_ceiling_is_fitted_and_physical() -> None:
 def test_fp8_adds_the_fp8_weight_copies(tp: int) -> None:
     p = plan(tp=tp, distributed_optimizer=True)
     (bf16,), (fp8,) = (memory_by_stage(MODEL, training(x), p) for x in ("bf16", "fp8"))
-    extra = MODEL.num_layers * layer_gemm_params_per_gpu(MODEL, tp) * FP8_WEIGHT_BYTES
+    extra = MODEL.num_layers * layer_gemm_params_per_gpu(MODEL, tp) * 2.0  # two 1 B layouts
     assert fp8.weights >= bf16.weights
     assert fp8.weights - bf16.weights == pytest.approx(extra)
     assert (fp8.gradients, fp8.optimizer_state) == (bf16.gradients, bf16.optimizer_state)

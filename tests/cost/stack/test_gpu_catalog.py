@@ -156,7 +156,8 @@ def test_kernels_by_vendor() -> None:
         t = training if name is None else training.model_copy(update={"attention_kernel": name})
         return stack_kernel(t, resolve_gpu(gpu))
 
-    assert kernel("h100") == "cudnn" and kernel("b200") == "flash2" and kernel("mi300x") == "flash2"
+    assert kernel("h100") == "cudnn" and kernel("b200") == "cudnn" and kernel("mi300x") == "flash2"
+    assert kernel("a100") == "flash2" and kernel("gb300") == "cudnn"
     assert kernel("b200", "cudnn") == "cudnn" and kernel("gb200", "flash1") == "flash1"
     for gpu in ("b200", "gb200", "mi300x"):
         with pytest.raises(SpecError, match="FlashAttention 3 runs on Hopper"):

@@ -13,7 +13,9 @@ to fit, with their memory bound over the usable memory; the rows representable a
 skip reasons counted; matched precision pairs (one release, model, GPU count and layout
 in two precisions: predicted over measured speed-up); logged memory against the
 predicted peak; and in how many (source, model, GPU type, GPU count) groups the measured
-best configuration is the predicted best.  Nothing is fitted here.
+best configuration is the predicted best.  ``--fit`` first re-fits the Blackwell
+family's FP8 and NVFP4 GEMM ceilings on the fit side (:mod:`.fit`) and prints them; the
+report uses the committed calibration table either way.
 
 Measured values: ``measured_step_time_s`` (the MLPerf logs' median step, or for the
 Megatron-Bridge rows global batch x sequence / (tokens/s/GPU x GPUs)) and
@@ -22,8 +24,8 @@ Rows marked ``duplicate_of`` (the same runs as another row) are built but left o
 every metric.
 
 Skipped (the first reason is counted; :func:`.metrics.sole_blockers` counts the rows that
-one change would make representable): LoRA fine-tuning, hybrid Mamba models (Nemotron 3),
-NVFP4, GPUs missing from the catalogue, CPU offloading, a layout the row does not state,
+one change would make representable): hybrid Mamba models (Nemotron 3),
+GPUs missing from the catalogue, CPU offloading, a layout the row does not state,
 a setting a knob's rule refuses.  Stated but not costed (listed beside each prediction,
 :func:`.features.approximations`): CUDA graphs, FP8 attention, overlapped expert
 communication and delayed weight gradients, real (not force-balanced) routing, paged
@@ -58,7 +60,8 @@ Assumptions where a row is silent:
   ``src/megatron/bridge/training/mixed_precision.py`` (not blockwise; not with
   Megatron-FSDP, where the knob needs the distributed optimizer).  MLPerf rows keep what
   they state (unstated: off; fp32 gradient reduction).
-- Precision: ``fp8_recipe``'s first word (``tensorwise`` where the 26.x tables print plain
+- Precision: NVFP4 rows (``precision`` fp4) as ``fp4`` (Transformer Engine's NVFP4 recipe
+  on every transformer-layer GEMM); ``fp8_recipe``'s first word (``tensorwise`` where the 26.x tables print plain
   "FP8", as the file reads them; delayed where a NeMo 1 log prints none); format as
   stated, else Transformer Engine's default.  Release 25.09 states no precision: FP8
   with tensorwise scaling, and for the parenthesised value of an "a (b)" cell MXFP8 on
@@ -74,6 +77,16 @@ Assumptions where a row is silent:
   hold them (16 of 18 trays per rack for 256 GPUs).  Runs of more than 2,048 GPUs keep
   their micro-batches per pipeline on fewer data-parallel replicas (the step time is the
   same up to the DP ring's (d-1)/d; the distributed optimizer's shard is larger).
+- LoRA rows (MLPerf Llama 2 70B LoRA, ``kind`` lora-finetune): the rows state neither
+  their adapters nor their sequence length, so the MLPerf reference benchmark's settings
+  are used (mlcommons/training ``llama2_70b_lora``, kept by NVIDIA's NeMo implementation:
+  rank 16, alpha 32, adapters on the attention's QKV and output projections; GovReport
+  sequences of 8,192 tokens), with the base weights frozen as Megatron-Bridge / NeMo PEFT
+  freezes them (:mod:`pipette_cp.cost.workload.lora`); not re-read from the rows' logs.
+  Their predicted peaks count the frozen base in bf16 beside Transformer Engine's FP8
+  copies (the rows state no FP8 primary weights), so they are predicted not to fit; their
+  step times are predicted all the same.  The GEMM ceilings are fitted on pretraining rows
+  only (:func:`.fit.fit_rows`).
 - Memory: ``measured_mem`` (six MLPerf rows, four runs) is read as GiB; it is probably the
   allocator's peak on rank 0, without the CUDA context and NCCL buffers that the
   predicted peak includes.

@@ -23,8 +23,10 @@ from pipette_cp.experiments.models.modern_runs.features import (
     first_word,
     hint,
     is_moe,
+    lora,
     model_key,
     precision_label,
+    seq_length,
 )
 from pipette_cp.io.huggingface.config import model_from_hf_config
 from pipette_cp.io.model_file import load_model
@@ -123,7 +125,7 @@ def row_model(row: dict[str, str]) -> ModelSpec:
     update: dict[str, object] = {
         field: int(row[col]) for col, field in SHAPE_COLUMNS.items() if row[col].strip()
     }
-    update["max_seq_length"] = max(base.max_seq_length, _int(row["seq_len"], 0))
+    update["max_seq_length"] = max(base.max_seq_length, seq_length(row))
     if "w/o MTP" in row["model_name"]:
         update["mtp_layers"] = 0
     if "tokendrop" in row["model_name"]:
@@ -204,8 +206,10 @@ def bridge_fp8_param_gather(row: dict[str, str]) -> bool:
 
 
 def row_training(row: dict[str, str], global_batch: int) -> TrainingSpec:
-    """The row's precision and FP8 recipe, overlap flags (stated, else on), dispatcher;
-    Transformer Engine's cuDNN fused attention on every GPU."""
+    """The row's precision (NVFP4 rows as ``fp4``) and FP8 recipe, overlap flags (stated,
+    else on), dispatcher;
+    Transformer Engine's cuDNN fused attention on every GPU; LoRA rows with the MLPerf
+    benchmark's adapters (:data:`.features.MLPERF_LORA`)."""
     label = precision_label(row)
     fp8 = label not in ("bf16", "nvfp4")
     recipe = {"mxfp8": "mxfp8"}.get(label, label.removeprefix("fp8-"))
@@ -213,8 +217,9 @@ def row_training(row: dict[str, str], global_batch: int) -> TrainingSpec:
     tp = _int(row["tp"], 1)
     flex = "flex" in row["notes"].lower()
     return TrainingSpec(
-        global_batch_size=global_batch, seq_length=int(row["seq_len"]),
-        precision="fp8" if fp8 else "bf16", fp8_recipe=recipe if fp8 else None,  # type: ignore[arg-type]
+        global_batch_size=global_batch, seq_length=seq_length(row), lora=lora(row),
+        precision="fp8" if fp8 else "fp4" if label == "nvfp4" else "bf16",
+        fp8_recipe=recipe if fp8 else None,  # type: ignore[arg-type]
         fp8_format=fmt if fp8 else None,  # type: ignore[arg-type]
         overlap_grad_reduce=_flag(row["overlap_grad_reduce"], True),
         overlap_param_gather=_flag(row["overlap_param_gather"], True),
@@ -323,7 +328,7 @@ def row_setup(row: dict[str, str]) -> ModernSetup:
     except (SpecError, ValueError) as error:
         raise Skip(f"layout not expressible: {str(error).splitlines()[0][:120]}") from error
     step = float(row["measured_step_time_s"])
-    tokens = gbs * int(row["seq_len"])
+    tokens = gbs * seq_length(row)
     per_gpu = float(row["tokens_per_s_per_gpu"] or tokens / (step * num_gpus))
     memory = row["measured_mem"]
     return ModernSetup(

@@ -4,18 +4,21 @@
 :data:`pipette_cp.cost.stack.calibration.GPU_CALIBRATION` holds for the Blackwell family
 (B200, GB200, B300, GB300).
 
-One physical parameter, by a grid search on the fit side's dense Blackwell rows
-minimising the mean absolute log error of the step time (predicted / measured; the log
-keeps one wild row from deciding the fit): the FP8 GEMM ceiling ``eta_fp8`` (a fraction
-of the FP8 peak).  The fixed time every GEMM pays (launch, prologue, epilogue) is H100's
-fitted one, so the half-saturation size ``W_half`` scales with the peak (H100's 3e10
-FLOPs x 2,250 / 989 TFLOP/s, B200's bf16 peak over H100's): fitting it too would put
-118 us on every GEMM (2e11 FLOPs, mean |log error| 0.101 against 0.116), a fixed cost no
-kernel has, which would stand in for the size effects of the rows' small models.  The
-bf16 ceiling and the fused attention's efficiency stay H100's (no dense bf16 Blackwell
-row to fit them on).  The mixture-of-experts rows are not fitted on: their
-errors differ by model (Qwen3-30B-A3B and GPT-OSS 120B 1.4-2.0x optimistic on the fit
-side's releases, Qwen3-235B-A22B 1.1-2.5x) in ways one GEMM factor does not describe.
+Two physical parameters, each by a grid search on the fit side's dense Blackwell
+pretraining rows of its precision, minimising the mean absolute log error of the step
+time (predicted / measured; the log keeps one wild row from deciding the fit): the FP8
+GEMM ceiling ``eta_fp8`` (a fraction of the FP8 peak) on the FP8 and MXFP8 rows, then
+the NVFP4 GEMM ceiling ``eta_fp4`` (a fraction of the dense FP4 peak) on the NVFP4 rows.
+
+The fixed time every GEMM pays (launch, prologue, epilogue) is H100's fitted one, so the
+half-saturation size ``W_half`` scales with the peak (H100's 3e10 FLOPs x 2,250 / 989
+TFLOP/s, B200's bf16 peak over H100's): fitting it too would put 118 us on every GEMM
+(2e11 FLOPs, mean |log error| 0.101 against 0.116), a fixed cost no kernel has, which
+would stand in for the size effects of the rows' small models.  The bf16 ceiling and the
+fused attention's efficiency stay H100's (no dense bf16 Blackwell row to fit them on).
+The mixture-of-experts rows are not fitted on: their errors differ by model (Qwen3-30B-
+A3B and GPT-OSS 120B 1.4-2.0x optimistic on the fit side's releases, Qwen3-235B-A22B
+1.1-2.5x) in ways one GEMM factor does not describe.
 
 Held-out rows are never read by the fit; the report prints both sides.
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 from unittest.mock import patch
 
 import numpy as np
@@ -34,19 +38,23 @@ from pipette_cp.experiments.models.modern_runs.evaluate import ModernResult, run
 
 #: The Blackwell family's key in ``GPU_CALIBRATION``.
 FAMILY = calib.BLACKWELL_FAMILY
-#: Grid searched for ``eta_fp8``.
+#: Grids searched for ``eta_fp8`` and ``eta_fp4``.
 FP8_CEILINGS = tuple(float(x) for x in np.round(np.arange(0.40, 0.8001, 0.01), 2))
+FP4_CEILINGS = tuple(float(x) for x in np.round(np.arange(0.20, 0.8001, 0.01), 2))
 #: H100's fixed per-GEMM time at B200's bf16 peak, FLOPs (3e10 x 2,250 / 989, rounded).
 HALF_SATURATION = 6.8e10
 
 
 @dataclass(frozen=True)
 class BlackwellFit:
-    """The fitted value, the rows read and the objective (mean |log error|)."""
+    """The fitted values, the rows each read and its objective (mean |log error|)."""
 
     fp8_gemm_efficiency_max: float
     rows: tuple[str, ...]
     objective: float
+    fp4_gemm_efficiency_max: float
+    fp4_rows: tuple[str, ...]
+    fp4_objective: float
 
 
 def is_blackwell(result: ModernResult) -> bool:
@@ -54,12 +62,19 @@ def is_blackwell(result: ModernResult) -> bool:
     return result.info.gpu_family in ("B200/B300", "GB200/GB300")
 
 
-def fit_rows(results: Sequence[ModernResult]) -> tuple[str, ...]:
-    """The fit side's dense Blackwell rows (duplicates left out)."""
+def fit_rows(results: Sequence[ModernResult], fp4: bool = False) -> tuple[str, ...]:
+    """The fit side's dense Blackwell pretraining rows (duplicates and LoRA rows left out:
+    the GEMM ceilings are fitted on full training): FP8 and MXFP8, or with ``fp4`` NVFP4."""
     return tuple(
         r.info.row_id
         for r in results
-        if r.info.side == "fit" and is_blackwell(r) and not r.info.moe and not r.info.duplicate
+        if r.info.side == "fit"
+        and is_blackwell(r)
+        and not r.info.moe
+        and not r.info.duplicate
+        and r.info.kind == "pretrain"
+        and (r.info.precision == "nvfp4") is fp4
+        and r.info.precision != "bf16"
     )
 
 
@@ -71,16 +86,29 @@ def log_errors(row_ids: Collection[str], cal: calib.GpuCalibration) -> np.ndarra
     return np.abs(np.log([r.predicted_step_s / r.measured_step_s for r in results]))
 
 
-def fit_blackwell(results: Sequence[ModernResult] | None = None) -> BlackwellFit:
-    """The grid search of the module docstring (ties keep the first grid point)."""
-    rows = fit_rows(results if results is not None else run()[0])
-    base = replace(calib.GPU_CALIBRATION[FAMILY], gemm_half_saturation_flops=HALF_SATURATION)
+def _search(
+    rows: Collection[str], base: calib.GpuCalibration, field: str, grid: Sequence[float]
+) -> tuple[float, float]:
+    """The grid value of ``field`` with the least mean |log error| on ``rows`` (ties keep
+    the first), and that error."""
     best, best_value = math.nan, math.inf
-    for eta in FP8_CEILINGS:
-        value = float(log_errors(rows, replace(base, fp8_gemm_efficiency_max=eta)).mean())
-        if value < best_value - 1e-12:
-            best, best_value = eta, value
-    return BlackwellFit(best, rows, best_value)
+    for value in grid:
+        changes: dict[str, Any] = {field: value}
+        error = float(log_errors(rows, replace(base, **changes)).mean())
+        if error < best_value - 1e-12:
+            best, best_value = value, error
+    return best, best_value
+
+
+def fit_blackwell(results: Sequence[ModernResult] | None = None) -> BlackwellFit:
+    """The grid searches of the module docstring, FP8 first."""
+    results = results if results is not None else run()[0]
+    rows, fp4_rows = fit_rows(results), fit_rows(results, fp4=True)
+    base = replace(calib.GPU_CALIBRATION[FAMILY], gemm_half_saturation_flops=HALF_SATURATION)
+    eta_fp8, fp8_value = _search(rows, base, "fp8_gemm_efficiency_max", FP8_CEILINGS)
+    base = replace(base, fp8_gemm_efficiency_max=eta_fp8)
+    eta_fp4, fp4_value = _search(fp4_rows, base, "fp4_gemm_efficiency_max", FP4_CEILINGS)
+    return BlackwellFit(eta_fp8, rows, fp8_value, eta_fp4, fp4_rows, fp4_value)
 
 
 def format_fit(fit: BlackwellFit) -> str:
@@ -88,5 +116,7 @@ def format_fit(fit: BlackwellFit) -> str:
     return (
         "== Blackwell compute calibration (fit side only)\n"
         f"{len(fit.rows)} dense rows: eta_fp8 = {fit.fp8_gemm_efficiency_max:.2f} "
-        f"(W_half {HALF_SATURATION:.1e} FLOPs; mean |log error| {fit.objective:.3f})"
+        f"(W_half {HALF_SATURATION:.1e} FLOPs; mean |log error| {fit.objective:.3f})\n"
+        f"{len(fit.fp4_rows)} dense NVFP4 rows: eta_fp4 = {fit.fp4_gemm_efficiency_max:.2f} "
+        f"(mean |log error| {fit.fp4_objective:.3f})"
     )
