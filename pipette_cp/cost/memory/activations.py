@@ -28,7 +28,7 @@ from pipette_cp.cost.stack.kernels import (
 )
 from pipette_cp.cost.workload.latent_attention import latent_activation_bytes
 from pipette_cp.cost.workload.lora import adapter_activation_bytes
-from pipette_cp.cost.workload.parameters import padded_vocab_size
+from pipette_cp.cost.workload.parameters import layer_gemm_params_per_gpu, padded_vocab_size
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.training import TrainingSpec
@@ -53,12 +53,13 @@ def full_layer_activation_bytes(
     # Transformer Engine the FP8 column-wise copy, 1 ("Performance considerations",
     # memory usage: TE saves the quantized input for backward; torchao keeps bf16).
     gemm_in = quantized_bytes(training) if keeps_quantized_tensors(training) else 2.0
+    qkv_in, proj_kept, fc1_in, fc2_in = (_lora_input_bytes(training, m, gemm_in) for m in LINEARS)
     # Korthikanti et al. 2022 sec. 4.1: 2 norm inputs (2sbh each), QKV and FC1 inputs
     # (2sbh each), two 1-byte dropout masks (sbh each) -> 10sbh; replicated over tp
     # unless sequence parallel.  A norm written in PyTorch keeps more (cost.kernels).  A
     # MoE layer has no FC1 (its router and shared experts keep the norm output: memory_moe).
-    fc1_in, norm_extra = (0.0 if moe else gemm_in), unfused_norm_extra_bytes(model, training, plan)
-    per_h = 4.0 + gemm_in + fc1_in + 2.0 * drop + 2.0 * norm_extra
+    fc1_in, norm_extra = (0.0 if moe else fc1_in), unfused_norm_extra_bytes(model, training, plan)
+    per_h = 4.0 + qkv_in + fc1_in + 2.0 * drop + 2.0 * norm_extra
     # latent attention: the latents' norm inputs and outputs (cost.latent_attention)
     replicated = tokens * (h * per_h + latent_activation_bytes(model))
     if plan.sequence_parallel:
@@ -66,13 +67,13 @@ def full_layer_activation_bytes(
     # Same source, split over tp: Q, K (2 B each), V (2 B), output-projection input
     # (2 B) -> 8sbh for MHA; widths from the q/kv head counts (GQA).  Under FP8 the fused
     # attention keeps its bf16 output (the projection input) beside the FP8 copy.
-    proj_in = gemm_in + (2.0 if fused and gemm_in != 2.0 else 0.0)
+    proj_in = proj_kept + (2.0 if fused and proj_kept != 2.0 else 0.0)
     attention = tokens * (2 * q_width + 2 * kv_width + 2 * v_width + proj_in * out_width)
     # Same source: GeLU input and output (2 x 2 x 4h -> 16sbh); SwiGLU stores the
     # gate and up projections (2 x 2f) and its output (2f), the FC2 input.
     mlp = 0.0  # a MoE layer's MLP terms: memory_moe
     if not moe:
-        mlp = tokens * f * ((4.0 if model.activation == "swiglu" else 2.0) + gemm_in)
+        mlp = tokens * f * ((4.0 if model.activation == "swiglu" else 2.0) + fc2_in)
         mlp += tokens * f * unfused_activation_extra_bytes(model, training)  # unfused SwiGLU
     split = (attention + mlp) / t
     # Same source: softmax output (2as^2b), dropout mask (as^2b) and output (2as^2b);
@@ -89,7 +90,35 @@ def full_layer_activation_bytes(
     total = replicated + split + core
     if moe:
         return total + memory_moe.moe_mlp_activation_bytes(model, training, plan)
-    return total + adapter_activation_bytes(model, training, plan)  # LoRA's intermediates
+    # LoRA: the adapters' intermediates, the frozen weights' column-wise quantised copy
+    lora = adapter_activation_bytes(model, training, plan)
+    return total + lora + frozen_weight_copy_bytes(model, training, plan)
+
+
+#: The linears of a dense layer in the order :func:`_lora_input_bytes` is asked for them.
+LINEARS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+
+
+def _lora_input_bytes(training: TrainingSpec, linear: str, gemm_in: float) -> float:
+    """Bytes per element of a linear's input kept for backward: ``gemm_in`` (its weight
+    gradient's input: 2, or Transformer Engine's quantised copy); under LoRA a frozen
+    linear needs none, and an adapted one keeps the bf16 input its adapter's A needs
+    for A's weight gradient (Hu et al. 2021: only A and B are trained)."""
+    if training.lora is None:
+        return gemm_in
+    return 2.0 if linear in training.lora.target_modules else 0.0
+
+
+def frozen_weight_copy_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
+    """Under LoRA with FP8 or NVFP4 (Transformer Engine), the column-wise quantised copy of
+    one dense layer's frozen GEMM weights that each micro-batch's forward casts and keeps
+    for the data gradient (Megatron-Bridge's PEFT recipes turn Transformer Engine's weight
+    cache off, ``disable_parameter_transpose_cache``, in ``set_llama3_common_peft_configs``
+    of ``scripts/performance/configs/llama/llama3_llm_finetune.py``): one quantised byte
+    per weight, per micro-batch in flight; 0 otherwise."""
+    if training.lora is None or not keeps_quantized_tensors(training):
+        return 0.0
+    return layer_gemm_params_per_gpu(model, plan.tp) * quantized_bytes(training)
 
 
 def activation_bytes_per_layer(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:

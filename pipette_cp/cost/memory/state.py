@@ -34,7 +34,16 @@ def quantized_weight_bytes(training: TrainingSpec) -> float:
 
 
 def _keeps_fp8_weights(training: TrainingSpec, plan: Plan) -> bool:
-    return keeps_quantized_tensors(training) and plan.sharding != "optim_grads_params"
+    """Whether the quantised weight copies live for the whole step: Transformer Engine's
+    weight cache, not under ZeRO-3 nor under LoRA (Megatron-Bridge's PEFT recipes set
+    ``disable_parameter_transpose_cache``: the frozen weights are cast every micro-batch,
+    the column-wise copy kept for the data gradient as an activation,
+    :func:`pipette_cp.cost.memory.activations.frozen_weight_copy_bytes`)."""
+    return (
+        keeps_quantized_tensors(training)
+        and plan.sharding != "optim_grads_params"
+        and training.lora is None
+    )
 
 
 def fp8_weight_bytes_per_layer(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:

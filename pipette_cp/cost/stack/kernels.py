@@ -381,9 +381,10 @@ def quantization_cast_bytes(
     """HBM bytes of one layer's casts to FP8 or NVFP4 for one micro-batch on one GPU,
     (forward, backward): the inputs of QKV, projection, FC1 and FC2 in forward (the QKV and FC1
     inputs before the sequence-parallel all-gather, which then moves FP8), their output
-    gradients in backward, :func:`cast_bytes_per_element` per element.  A framework that keeps no
-    FP8 weights (torchao) also casts every GEMM's weight in forward and again in backward;
-    Transformer Engine casts them once per step (not counted)."""
+    gradients in backward, :func:`cast_bytes_per_element` per element.  A framework that
+    keeps no FP8 weights (torchao) also casts every GEMM's weight in forward and again in
+    backward; Transformer Engine casts them once per step (not counted), or under LoRA,
+    whose recipes turn its weight cache off, once per micro-batch in forward."""
     tokens = training.seq_length * plan.micro_batch_size
     h, f, t = model.hidden_size, model.ffn_hidden_size, plan.tp
     fc1 = (2 if model.activation == "swiglu" else 1) * f
@@ -392,9 +393,11 @@ def quantization_cast_bytes(
     attn_fwd, attn_bwd, attn_weights = attention_cast_elements(model, tokens, plan)
     forward = attn_fwd + tokens * (hidden + f / t)
     backward = attn_bwd + tokens * (fc1 / t + hidden)
+    weights = attn_weights + (h * fc1 + f * h) / t
     if not keeps_quantized_tensors(training):
-        weights = attn_weights + (h * fc1 + f * h) / t
         forward, backward = forward + weights, backward + weights
+    elif training.lora is not None:
+        forward += weights
     per_element = cast_bytes_per_element(training)
     return forward * per_element, backward * per_element
 

@@ -22,11 +22,15 @@ Assumptions (Hu et al. 2021, sec. 4: only A and B are trained, the rest frozen):
   which nothing needs, is still counted (errs slow by under one layer's dgrad);
 - the adapters are trained in mixed precision like any parameter (the framework's
   bytes: bf16 weight, fp32 gradient, master weight and Adam moments);
-- kept activations: the base linears' inputs as in full training (A's weight gradient
-  needs them; errs high for the linears without an adapter, whose frozen weights need
-  none, and low under FP8, where A keeps the bf16 input where Transformer Engine kept
-  an FP8 copy), plus each adapter's rank-r intermediate, ``2 r`` bytes per token
-  (:func:`adapter_activation_bytes`; dropout off, Megatron-Bridge's default);
+- kept activations: an adapted linear's bf16 input (its A's weight gradient needs it), a
+  frozen linear without an adapter none
+  (:func:`pipette_cp.cost.memory.activations.activation_bytes_per_layer`), plus each
+  adapter's rank-r intermediate, ``2 r`` bytes per token
+  (:func:`adapter_activation_bytes`; dropout off, Megatron-Bridge's default); under FP8 or
+  NVFP4 no weight cache (Megatron-Bridge's PEFT recipes set
+  ``disable_parameter_transpose_cache``): each micro-batch casts the frozen weights and
+  keeps their column-wise copy for the data gradient
+  (:func:`pipette_cp.cost.memory.activations.frozen_weight_copy_bytes`);
 - the adapters' own small tensor-parallel collectives (the rank-r gather or all-reduce)
   are not timed;
 - dense models with standard attention only (the instance refuses the rest), and no

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import pytest
 
+from pipette_cp.cost.memory.activations import frozen_weight_copy_bytes
 from pipette_cp.cost.memory.limits import in_flight_microbatches, num_microbatches
 from pipette_cp.cost.memory.peak import activation_bytes_per_layer, stage_memory
+from pipette_cp.cost.workload.parameters import layer_gemm_params_per_gpu
 from pipette_cp.specs.layouts import make_plan
 from pipette_cp.specs.lora import LoraSpec
 from pipette_cp.specs.training import TrainingSpec
@@ -67,3 +69,32 @@ def test_full_recompute_keeps_the_layer_input_alone() -> None:
     p = plan(recompute="full")
     assert activation_bytes_per_layer(MODEL, LORA, p) == activation_bytes_per_layer(MODEL, FULL, p)
     assert activation_bytes_per_layer(MODEL, LORA, p) == 2 * 128 * 64
+
+
+def test_frozen_linears_without_an_adapter_keep_no_input() -> None:
+    """Adapters on the attention alone: FC1 and FC2 are frozen and adapter-free, so neither
+    keeps its input (128 tokens x 2 B x (h = 64 + f = 256) = 81,920 B less), and two
+    adapters' intermediates instead of four (2 x 128 x 8 x 2 = 4,096 B less)."""
+    attention = LORA.model_copy(
+        update={"lora": LoraSpec(rank=8, target_modules=("linear_qkv", "linear_proj"))}
+    )
+    p = plan()
+    every, attention_only = (activation_bytes_per_layer(MODEL, t, p) for t in (LORA, attention))
+    assert every - attention_only == 128 * 2 * (64 + 256) + 2 * 128 * 8 * 2 == 86016
+
+
+def test_fp8_lora_casts_the_frozen_weights_every_micro_batch() -> None:
+    """Under FP8 the LoRA recipes keep no FP8 weight cache: no FP8 copies among the
+    weights (full FP8 training keeps 2 x 1 B per GEMM weight), and each micro-batch keeps
+    the column-wise FP8 copy (1 B per GEMM weight) for the data gradient instead of the
+    FP8 inputs of the frozen linears' weight gradients."""
+    fp8_full = FULL.model_copy(update={"precision": "fp8"})
+    fp8_lora = LORA.model_copy(update={"precision": "fp8"})
+    p = plan()
+    gemm = layer_gemm_params_per_gpu(MODEL, 1)
+    full, lora = (stage_memory(MODEL, t, p, 0) for t in (fp8_full, fp8_lora))
+    bf16_full = stage_memory(MODEL, FULL, p, 0)
+    assert full.weights - bf16_full.weights == 2 * 2 * gemm  # two layers, two 1-B copies
+    assert lora.weights - bf16_full.weights == ADAPTERS * 2  # the adapters' bf16 weights only
+    assert frozen_weight_copy_bytes(MODEL, fp8_lora, p) == gemm
+    assert frozen_weight_copy_bytes(MODEL, LORA, p) == 0.0  # bf16: nothing cast

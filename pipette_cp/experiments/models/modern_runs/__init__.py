@@ -83,9 +83,11 @@ Assumptions where a row is silent:
   rank 16, alpha 32, adapters on the attention's QKV and output projections; GovReport
   sequences of 8,192 tokens), with the base weights frozen as Megatron-Bridge / NeMo PEFT
   freezes them (:mod:`pipette_cp.cost.workload.lora`); not re-read from the rows' logs.
-  Their predicted peaks count the frozen base in bf16 beside Transformer Engine's FP8
-  copies (the rows state no FP8 primary weights), so they are predicted not to fit; their
-  step times are predicted all the same.  The GEMM ceilings are fitted on pretraining rows
+  Their predicted peaks count the frozen base in bf16 (the rows state no FP8 primary
+  weights) and, without recomputation at 8,192 tokens and tp = cp = 1 on B300, 187 GiB
+  of activations of which 64 GiB are the frozen weights' FP8 column-wise copies kept per
+  micro-batch: 1.2-1.4x the usable memory, so they are predicted not to fit (what the
+  runs did instead is not stated); their step times are predicted all the same.  The GEMM ceilings are fitted on pretraining rows
   only (:func:`.fit.fit_rows`).
 - Memory: ``measured_mem`` (six MLPerf rows, four runs) is read as GiB; it is probably the
   allocator's peak on rank 0, without the CUDA context and NCCL buffers that the
