@@ -135,6 +135,16 @@ def _plan_values(values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def resolve_plan_defaults(knobs: Mapping[str, Any], degrees: Mapping[str, int]) -> dict[str, Any]:
+    """``knobs`` with each option left unset that has an ``auto`` rule set by it from the
+    layout's ``degrees`` (``--sp``: on where tp > 1)."""
+    out = dict(knobs)
+    for flag in PLAN_FLAGS:
+        if flag.auto is not None and out.get(flag.field) is None:
+            out[flag.field] = flag.auto(degrees)
+    return out
+
+
 def plan_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Give ``command`` the knobs' plan options (``--sp/--no-sp``, ``--recompute``,
     ``--dist-opt``, ...) in place of its ``knobs`` parameter, which receives

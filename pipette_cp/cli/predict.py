@@ -13,7 +13,7 @@ import typer
 from pydantic import ValidationError
 
 from pipette_cp.cli.console import console
-from pipette_cp.cli.knob_flags import NO_VALUES, plan_options, splice
+from pipette_cp.cli.knob_flags import NO_VALUES, plan_options, resolve_plan_defaults, splice
 from pipette_cp.cli.options import (
     NO_REPLACEMENTS,
     InstanceArgument,
@@ -128,6 +128,7 @@ def predict(
                 + (f" cp={cp}" if max(source.cp, cp) > 1 else ""),
             )
         placed = source.placement
+    knobs = resolve_plan_defaults(knobs, {**sizes, "dp": dp})
     try:  # a --split of the wrong length or with a negative count
         plan = make_plan(num_layers=inst.model.num_layers, **{**sizes, "dp": dp},
                          layer_split=_split(split), placement=placed, **knobs)  # fmt: skip

@@ -260,6 +260,20 @@ def test_predict_json_contract() -> None:
     assert data["fits"] is True
 
 
+def test_predict_defaults_are_what_solve_tries_first() -> None:
+    """Sequence parallelism on where tp > 1 (off at tp 1, where it is the same as off) and
+    the distributed optimizer on; either turned off when asked."""
+    layouts = {}
+    for extra in ([], ["--no-sp"], ["--no-dist-opt"]):
+        for tp in ("1", "2"):
+            code, out = run("predict", "--tp", tp, "--pp", "1", *extra, "--json")
+            assert code == 0, out
+            layouts[(tp, *extra)] = json.loads(out)["layout"]
+    assert layouts[("2",)].endswith("-tp2-mb1-sp-do") and layouts[("1",)].endswith("-tp1-mb1-do")
+    assert layouts[("2", "--no-sp")].endswith("-tp2-mb1-do")
+    assert layouts[("2", "--no-dist-opt")].endswith("-tp2-mb1-sp")
+
+
 def test_predict_table_and_simulator() -> None:
     code, out = run("predict", "--tp", "2", "--pp", "2", "--predictor", "simulator")
     assert code == 0 and "simulator" in out and "Memory per stage" in out

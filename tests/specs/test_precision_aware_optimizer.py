@@ -124,5 +124,5 @@ def test_predict_takes_it_and_refuses_it_without_the_distributed_optimizer() -> 
     on = json.loads(runner.invoke(app, [*args, "--bf16-adam"]).output)
     assert on["memory_gb_per_gpu_max"] < off["memory_gb_per_gpu_max"]
     assert on["layout"] == off["layout"] + "-bf16adam"
-    refused = runner.invoke(app, ["predict", "gpt3-1.3b-nominal-8", "--bf16-adam"])
+    refused = runner.invoke(app, ["predict", "gpt3-1.3b-nominal-8", "--no-dist-opt", "--bf16-adam"])
     assert refused.exit_code == 2 and "needs the distributed optimizer" in refused.output

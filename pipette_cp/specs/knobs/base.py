@@ -11,7 +11,7 @@ so this module and the declarations never import :mod:`pipette_cp.specs.plan`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
@@ -92,7 +92,9 @@ class SpaceFlag:
 @dataclass(frozen=True)
 class PlanFlag:
     """A ``pipette-cp predict`` option that sets a plan field: ``kind`` is ``bool`` (a
-    ``--x/--no-x`` switch), ``int``, or the tuple of names a choice takes."""
+    ``--x/--no-x`` switch), ``int``, or the tuple of names a choice takes.  ``auto``: the
+    value when the option is not given, from the layout's degrees (``{"tp": 2, ...}``),
+    what ``solve`` tries first there (``default`` is then None)."""
 
     field: str
     param: str
@@ -100,6 +102,7 @@ class PlanFlag:
     help: str
     kind: type | tuple[str, ...]
     default: Any = None
+    auto: Callable[[Mapping[str, int]], Any] | None = None
 
 
 def _no_label(_: Any) -> tuple[str, ...]:

@@ -54,7 +54,12 @@ SEQUENCE_PARALLEL: Knob[_SequenceParallel] = Knob(
     megatron=_sp_megatron,
     predict_flags=(
         PlanFlag(
-            "sequence_parallel", "sp", ("--sp/--no-sp",), "Sequence parallelism.", bool, False
+            "sequence_parallel",
+            "sp",
+            ("--sp/--no-sp",),
+            "Sequence parallelism [default: on where tp > 1, as solve tries first].",
+            bool,
+            auto=lambda degrees: degrees["tp"] > 1,
         ),
     ),
 )
@@ -209,9 +214,9 @@ SHARDING: Knob[_Sharded] = Knob(
             "distributed_optimizer",
             "dist_opt",
             ("--dist-opt/--no-dist-opt",),
-            "Distributed optimizer.",
+            "Distributed optimizer (ZeRO-1; solve's default space tries it first).",
             bool,
-            False,
+            True,
         ),
         PlanFlag(
             "dp_sharding",
