@@ -82,7 +82,7 @@ class GpuSpec(FrozenSpec):
     )
     peak_fp4_flops_per_s: float | None = _optional_peak(
         "Dense fp4 (NVFP4) tensor-core peak, FLOP/s (no sparsity), where the catalogue "
-        "gives it (Blackwell); no training recipe in the cost model reads it."
+        "gives it (Blackwell); the layer GEMMs of precision fp4 run at it."
     )
     architecture: Architecture = Field(
         default="unknown",
