@@ -16,7 +16,9 @@ from pipette_cp.specs._base import FrozenSpec
 from pipette_cp.specs.knobs import knob_labels
 from pipette_cp.specs.training import (
     FUSED_ATTENTION,
+    OFFLOAD_MODULES,
     AttentionKernel,
+    OffloadModule,
     Recompute,
     RecomputeModule,
     Sharding,
@@ -205,6 +207,13 @@ class Plan(FrozenSpec):
         "shared_experts), in Megatron's order; None: Megatron's default, core_attn alone "
         "(also what [core_attn] reads as).  Only with recompute selective.",
     )
+    offload_modules: tuple[OffloadModule, ...] | None = Field(
+        default=None,
+        description="Megatron-Core's fine-grained activation offloading "
+        "(--fine-grained-activation-offloading --offload-modules: attn_norm, core_attn, "
+        "attn_proj, mlp_norm, expert_fc1, moe_act): the modules whose saved inputs go to "
+        "host memory after their forward and come back before their backward; None: off.",
+    )
     distributed_optimizer: bool = Field(default=False, description="ZeRO-1 optimizer sharding.")
     attention_kernel: AttentionKernel | None = Field(
         default=None,
@@ -273,6 +282,20 @@ class Plan(FrozenSpec):
     @classmethod
     def _module_set(cls, value: object) -> object:
         return module_set(value)
+
+    @field_validator("offload_modules", mode="before")
+    @classmethod
+    def _offload_set(cls, value: object) -> object:
+        return module_set(value, OFFLOAD_MODULES)
+
+    @field_validator("offload_modules")
+    @classmethod
+    def _named_offload(
+        cls, value: tuple[OffloadModule, ...] | None
+    ) -> tuple[OffloadModule, ...] | None:
+        if value == ():
+            raise ValueError("must name at least one module (or be left out)")
+        return value
 
     @field_validator("recompute_modules")
     @classmethod

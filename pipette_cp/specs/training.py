@@ -23,6 +23,10 @@ RecomputeModule = Literal[
     "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"
 ]
 RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = get_args(RecomputeModule)
+#: Megatron-Core's ``--offload-modules`` of fine-grained activation offloading (the
+#: modules whose saved inputs go to host memory), in Megatron's order.
+OffloadModule = Literal["attn_norm", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"]
+OFFLOAD_MODULES: tuple[OffloadModule, ...] = get_args(OffloadModule)
 Sharding = Literal["none", "optim", "optim_grads", "optim_grads_params"]
 Objective = Literal["time", "throughput-per-gpu"]
 #: Megatron --moe-token-dispatcher-type (flex: DeepEP's node-deduplicating all-to-all)
@@ -45,15 +49,15 @@ MAX_BYTES_PER_PARAMETER = 64.0
 MAX_MEMORY_BYTES = float(2**50)
 
 
-def module_set(value: object) -> object:
-    """A set of recomputed modules as given (a tuple, or text: ``core_attn,mlp``,
-    ``core_attn+mlp`` or ``core_attn mlp``) in Megatron's order without repeats; other
-    values as they are, for the field's own validation."""
+def module_set(value: object, modules: tuple[str, ...] = RECOMPUTE_MODULES) -> object:
+    """A set of modules as given (a tuple, or text: ``core_attn,mlp``, ``core_attn+mlp`` or
+    ``core_attn mlp``) in Megatron's order of ``modules`` without repeats; other values as
+    they are, for the field's own validation."""
     if isinstance(value, str):
         value = [name for part in value.replace("+", ",").replace(" ", ",").split(",")
                  if (name := part.strip())]  # fmt: skip
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        order = {name: i for i, name in enumerate(RECOMPUTE_MODULES)}
+        order = {name: i for i, name in enumerate(modules)}
         return tuple(sorted(dict.fromkeys(value), key=lambda v: order.get(v, len(order))))
     return value
 
@@ -385,6 +389,13 @@ class SearchSpace(FrozenSpec):
         "Core's --optimizer-offload-fraction, each in [0, 1]; 0: off), where the distributed "
         "optimizer runs with Adam.",
     )
+    offload_modules: tuple[tuple[OffloadModule, ...] | None, ...] = Field(
+        default=(None,),
+        description="Fine-grained activation offloading to try (Megatron-Core's "
+        "--fine-grained-activation-offloading --offload-modules): None (off) or module sets "
+        "such as [core_attn, attn_proj] (attn_norm, core_attn, attn_proj, mlp_norm, "
+        "expert_fc1, moe_act) whose saved inputs go to host memory.",
+    )
     use_all_gpus: bool | None = Field(
         default=None,
         description="true: dp x pp x tp equals the GPUs of the nodes not excluded; false: it "
@@ -420,6 +431,23 @@ class SearchSpace(FrozenSpec):
     ) -> tuple[tuple[RecomputeModule, ...], ...] | None:
         if values is not None and (not values or not all(values)):
             raise ValueError("must name at least one module set of at least one module")
+        return values
+
+    @field_validator("offload_modules", mode="before")
+    @classmethod
+    def _offload_sets(cls, values: object) -> object:
+        if isinstance(values, (list, tuple)):
+            sets = (None if v in (None, "none") else module_set(v, OFFLOAD_MODULES) for v in values)
+            return tuple(dict.fromkeys(sets))  # type: ignore[misc]
+        return values
+
+    @field_validator("offload_modules")
+    @classmethod
+    def _named_offload_modules(
+        cls, values: tuple[tuple[OffloadModule, ...] | None, ...]
+    ) -> tuple[tuple[OffloadModule, ...] | None, ...]:
+        if any(v is not None and not v for v in values):
+            raise ValueError("a module set names at least one module (none: no offloading)")
         return values
 
     @field_validator("optimizer_offload_fraction")
@@ -462,6 +490,7 @@ class SearchSpace(FrozenSpec):
         "fp8_param_gather",
         "grad_reduce_in_bf16",
         "optimizer_offload_fraction",
+        "offload_modules",
     )
     @classmethod
     def _not_empty(cls, values: tuple | None) -> tuple | None:

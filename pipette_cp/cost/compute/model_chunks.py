@@ -41,6 +41,7 @@ from pipette_cp.cost.compute.stage_extras import boundary_times as _boundary_tim
 from pipette_cp.cost.compute.stage_extras import mtp_times, tp_collective_time_s
 from pipette_cp.cost.stack.calibration import GpuCalibration, calibration_for, peak_flops
 from pipette_cp.cost.stack.frameworks import (
+    HOST_LINK_BYTES_PER_S,
     attention_scale,
     framework_calibration,
     gradient_bytes,
@@ -54,6 +55,7 @@ from pipette_cp.cost.stack.kernels import (
     fused_attention_efficiency,
     uses_quantized_gemms,
 )
+from pipette_cp.cost.stack.offload import offload_savings
 from pipette_cp.cost.workload.flops import ATTENTION_CORE, layer_gemms
 from pipette_cp.cost.workload.latent_attention import attention_input_width
 from pipette_cp.cost.workload.lora import trained_param_split
@@ -208,6 +210,10 @@ def layer_times(
         model, training, plan, cp_bandwidth_bytes_per_s, core_fwd, core_bwd
     )
     forward, backward = forward + cp_fwd, backward + cp_bwd
+    if plan.offload_modules:  # fine-grained activation offloading: the copies not hidden
+        copy = offload_savings(model, training, plan, moe) / HOST_LINK_BYTES_PER_S
+        forward += max(0.0, copy - fwd_compute)
+        backward += max(0.0, copy - bwd_compute)
     if plan.recompute == "full":
         recompute = forward
         comm_bwd += comm_fwd

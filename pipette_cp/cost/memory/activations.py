@@ -26,6 +26,7 @@ from pipette_cp.cost.stack.kernels import (
     unfused_norm_extra_bytes,
     uses_fused_attention,
 )
+from pipette_cp.cost.stack.offload import offload_savings
 from pipette_cp.cost.workload.latent_attention import latent_activation_bytes
 from pipette_cp.cost.workload.lora import adapter_activation_bytes
 from pipette_cp.cost.workload.parameters import layer_gemm_params_per_gpu, padded_vocab_size
@@ -163,10 +164,10 @@ def kept_layer_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan, moe: 
     if (plan.recompute == "selective" and not moe and uses_fused_attention(training, plan)
             and resolve_framework(training.framework).op_selective_recompute):  # fmt: skip
         return memory_recompute.op_selective_layer_bytes(model, training, plan)  # torchtitan's
-    full = full_layer_activation_bytes(model, training, plan, moe)
-    if plan.recompute_modules is None:  # none, or Megatron's default selective (core_attn)
-        return full
-    return full - memory_recompute.module_savings(model, training, plan, moe)
+    kept = full_layer_activation_bytes(model, training, plan, moe)
+    if plan.recompute_modules is not None:  # Megatron-Core's named modules
+        kept -= memory_recompute.module_savings(model, training, plan, moe)
+    return kept - offload_savings(model, training, plan, moe)  # fine-grained offloading
 
 
 def embedding_activation_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:

@@ -1,4 +1,5 @@
-"""The optimizer CPU offload knob: Megatron-Core's hybrid device optimizer."""
+"""The offload knobs: Megatron-Core's hybrid device optimizer (the optimizer state to the
+host) and its fine-grained activation offloading (saved activations to the host)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ from typing import Protocol
 from pipette_cp.errors import LayoutError
 from pipette_cp.specs.knobs.base import Degrees, Flag, Job, Knob, Phase, PlanFlag, Rule, SpaceFlag
 from pipette_cp.specs.knobs.precision import megatron_refusal
-from pipette_cp.specs.training import Sharding, TrainingSpec
+from pipette_cp.specs.knobs.recompute import selective_modules
+from pipette_cp.specs.training import (
+    OffloadModule,
+    Recompute,
+    RecomputeModule,
+    Sharding,
+    TrainingSpec,
+)
 
 
 class _Offloaded(Degrees, Protocol):
@@ -127,4 +135,108 @@ OPTIMIZER_OFFLOAD: Knob[_Offloaded] = Knob(
     ),
 )
 
-KNOBS = (OPTIMIZER_OFFLOAD,)
+
+# --------------------------------------------------- fine-grained activation offloading
+Offloaded = tuple[OffloadModule, ...] | None
+#: The recomputed module whose activations an offloaded one also drops (both at once
+#: would count the same bytes twice).
+_RECOMPUTED_TOO: dict[OffloadModule, RecomputeModule] = {
+    "core_attn": "core_attn", "moe_act": "moe_act", "attn_norm": "layernorm",
+    "mlp_norm": "layernorm",
+}  # fmt: skip
+
+
+class _ActivationsOffloaded(Degrees, Protocol):
+    @property
+    def offload_modules(self) -> Offloaded: ...
+    @property
+    def recompute(self) -> Recompute: ...
+    @property
+    def recompute_modules(self) -> tuple[RecomputeModule, ...] | None: ...
+
+
+def _activation_offload_refusal(
+    job: Job, layout: _ActivationsOffloaded, modules: tuple[OffloadModule, ...]
+) -> str:
+    """Why ``modules`` cannot be offloaded ('' if they can): Megatron-Core's frameworks;
+    not with full recomputation (the layers keep only their inputs) nor under LoRA (not
+    modelled); the expert modules on a mixture-of-experts model; no module that the
+    plan also recomputes (Megatron-Core's ``fine_grained_activation_offloading`` guide
+    pairs them, one module each way)."""
+    if why := megatron_refusal(job, "--fine-grained-activation-offloading"):
+        return why
+    if job.training.lora is not None:
+        return "offloading under LoRA fine-tuning (training.lora) is not modelled"
+    if layout.recompute == "full":
+        return "full recomputation keeps the layer inputs alone: offload with recompute none or selective"
+    if not job.model.is_moe and (experts := [m for m in modules if m in ("expert_fc1", "moe_act")]):
+        return f"{experts[0]} needs a mixture-of-experts model, {job.model.name} is dense"
+    recomputed = selective_modules(layout)
+    if both := [m for m in modules if _RECOMPUTED_TOO.get(m) in recomputed]:
+        return f"{both[0]} is recomputed too ({_RECOMPUTED_TOO[both[0]]}): offload or recompute it"
+    return ""
+
+
+def _activation_offload_choices(job: Job, layout: _ActivationsOffloaded) -> list[Offloaded]:
+    """The space's module sets the layout can run, off first; off alone where none can."""
+    wanted = job.space.offload_modules
+    if wanted == (None,):
+        return _OFF
+    runs = [m for m in wanted if m is None or not _activation_offload_refusal(job, layout, m)]
+    return runs or _OFF
+
+
+#: The choices when the space offloads nothing (shared: only read).
+_OFF: list[Offloaded] = [None]
+
+
+def _activation_offload_runs(job: Job, plan: _ActivationsOffloaded) -> None:
+    if (modules := plan.offload_modules) and (
+        why := _activation_offload_refusal(job, plan, modules)
+    ):
+        raise LayoutError("plan.offload_modules", ",".join(modules), why)
+
+
+def _activation_offload_megatron(training: TrainingSpec, plan: _ActivationsOffloaded) -> list[Flag]:
+    if not (modules := plan.offload_modules):
+        return []
+    return [
+        ("--fine-grained-activation-offloading", None),
+        ("--offload-modules", " ".join(modules)),
+    ]
+
+
+#: Priced by :func:`pipette_cp.cost.stack.offload.offload_savings`: the bytes a layer no
+#: longer keeps (:func:`pipette_cp.cost.memory.activations.kept_layer_bytes`) and the
+#: host copies not hidden behind the layer's compute
+#: (:func:`pipette_cp.cost.compute.model_chunks.layer_times`).
+ACTIVATION_OFFLOAD: Knob[_ActivationsOffloaded] = Knob(
+    name="offload_modules",
+    choices=_activation_offload_choices,
+    rules=(Rule(Phase.SCHEDULE, _activation_offload_runs),),
+    label=lambda plan: (f"off:{'+'.join(m)}",) if (m := plan.offload_modules) else (),
+    megatron=_activation_offload_megatron,
+    lightest=lambda space: space.offload_modules,
+    solve_flags=(
+        SpaceFlag(
+            "offload_modules",
+            "--offload-modules",
+            "Activation offloading to try: none or module sets joined by +, e.g. "
+            "none,core_attn+attn_proj (attn_norm, core_attn, attn_proj, mlp_norm, expert_fc1, "
+            "moe_act) [default: none].",
+            "words",
+        ),
+    ),
+    predict_flags=(
+        PlanFlag(
+            "offload_modules",
+            "offload_modules",
+            ("--offload-modules",),
+            "Modules whose saved activations go to host memory, e.g. core_attn,attn_proj "
+            "(Megatron-Core --fine-grained-activation-offloading --offload-modules).",
+            str,
+        ),
+    ),
+)
+
+KNOBS = (OPTIMIZER_OFFLOAD, ACTIVATION_OFFLOAD)
