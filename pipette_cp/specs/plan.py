@@ -286,7 +286,7 @@ class Plan(FrozenSpec):
     @field_validator("offload_modules", mode="before")
     @classmethod
     def _offload_set(cls, value: object) -> object:
-        return module_set(value, OFFLOAD_MODULES)
+        return None if value == "none" else module_set(value, OFFLOAD_MODULES)
 
     @field_validator("offload_modules")
     @classmethod

@@ -141,6 +141,16 @@ def test_the_search_tries_the_space_s_sets_where_they_run() -> None:
     assert ("selective", ("core_attn", "attn_proj")) not in offloaded
 
 
+def test_module_sets_read_as_megatron_orders_them_and_none_is_off() -> None:
+    p = make_plan(num_layers=8, dp=8, pp=1, tp=1, micro_batch_size=1,
+                  offload_modules="attn_proj+core_attn,attn_proj")  # fmt: skip
+    assert p.offload_modules == ("core_attn", "attn_proj")
+    off = make_plan(num_layers=8, dp=8, pp=1, tp=1, micro_batch_size=1, offload_modules="none")
+    assert off.offload_modules is None
+    space = SearchSpace(offload_modules=("none", "core_attn+attn_norm", ["attn_norm", "core_attn"]))  # fmt: skip
+    assert space.offload_modules == (None, ("attn_norm", "core_attn"))
+
+
 def test_export_offloading_flags_pass_the_megatron_check() -> None:
     inst = small_instance(gpu="h100")
     p = make_plan(num_layers=inst.model.num_layers, dp=8, pp=1, tp=1, micro_batch_size=1,
