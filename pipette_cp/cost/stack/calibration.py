@@ -107,7 +107,7 @@ _FP8_FITTED = {"H100": (0.660, "NeMo 24.07 FP8 performance summary (7 rows)")}
 #: tensor cores, fitted on the 6 dense NVFP4 rows of the fit side of ``modern_runs.csv``
 #: (Llama 3.1 8B on GB200, 405B on GB300; grid 0.20-0.80 step 0.01, minimising the mean
 #: |log step-time error|: 0.040; ``BLACKWELL_FIT_COMMAND``): the FP4 peak is 2-3x the FP8
-#: one, the GEMMs reach 1.1-1.6x the FP8 GEMMs' rate.
+#: one, the GEMMs reach 1.06-1.6x the FP8 GEMMs' rate (GB200 and B200 least, GB300 most).
 _FP4_FITTED = {"B200": 0.35}
 
 

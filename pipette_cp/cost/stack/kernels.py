@@ -315,7 +315,7 @@ def check_precision(training: TrainingSpec, gpu: GpuSpec) -> None:
         architecture before Ada (a user GPU that gives an FP8 peak anyway).
     """
     if uses_fp4(training):
-        _check_fp4(gpu)
+        _check_fp4(training, gpu)
     if not uses_fp8(training):
         return
     recipe = fp8_recipe(training)
@@ -341,8 +341,16 @@ def check_precision(training: TrainingSpec, gpu: GpuSpec) -> None:
         raise SpecError("training.precision", "fp8", _architecture_refusal(gpu, allowed))
 
 
-def _check_fp4(gpu: GpuSpec) -> None:
-    """Refuse NVFP4 on a GPU without NVFP4 tensor cores (:data:`NVFP4_ARCHITECTURES`)."""
+def _check_fp4(training: TrainingSpec, gpu: GpuSpec) -> None:
+    """Refuse NVFP4 outside Transformer Engine (a framework that keeps no quantised
+    tensors, torchao's) and on a GPU without NVFP4 tensor cores
+    (:data:`NVFP4_ARCHITECTURES`)."""
+    if not resolve_framework(training.framework).fp8_keeps_fp8_tensors:
+        raise SpecError(
+            "training.precision", "fp4",
+            f"is Transformer Engine's NVFP4 recipe, which framework "
+            f"{training.framework.name} does not run: use fp8 or bf16",
+        )  # fmt: skip
     if gpu.architecture in NVFP4_ARCHITECTURES and gpu.peak_fp4_flops_per_s is not None:
         return
     if gpu.architecture == "unknown" and gpu.peak_fp4_flops_per_s is not None:
@@ -379,9 +387,9 @@ def quantization_cast_bytes(
     model: ModelSpec, training: TrainingSpec, plan: Plan
 ) -> tuple[float, float]:
     """HBM bytes of one layer's casts to FP8 or NVFP4 for one micro-batch on one GPU,
-    (forward, backward): the inputs of QKV, projection, FC1 and FC2 in forward (the QKV and FC1
-    inputs before the sequence-parallel all-gather, which then moves FP8), their output
-    gradients in backward, :func:`cast_bytes_per_element` per element.  A framework that
+    (forward, backward): the inputs of QKV, projection, FC1 and FC2 in forward (the QKV
+    and FC1 inputs before the sequence-parallel all-gather, which then moves FP8), their
+    output gradients in backward, :func:`cast_bytes_per_element` per element.  A framework that
     keeps no FP8 weights (torchao) also casts every GEMM's weight in forward and again in
     backward; Transformer Engine casts them once per step (not counted), or under LoRA,
     whose recipes turn its weight cache off, once per micro-batch in forward."""

@@ -61,6 +61,15 @@ def test_a_user_gpu_without_architecture_but_with_an_fp4_peak_runs_nvfp4() -> No
         check_precision(training("fp4"), bare)
 
 
+def test_nvfp4_is_transformer_engine_s_recipe() -> None:
+    """torchtitan's torchao keeps no quantised tensors: NVFP4 is refused there."""
+    titan = training("fp4", framework={"name": "torchtitan"})
+    with pytest.raises(
+        SpecError, match="Transformer Engine's NVFP4 recipe, which framework torchtitan"
+    ):
+        check_precision(titan, GPU_CATALOG["B200-SXM-180GB"])
+
+
 def test_the_fp8_fields_stay_refused_with_fp4() -> None:
     with pytest.raises(Exception, match="only with precision fp8"):
         TrainingSpec(global_batch_size=8, seq_length=256, precision="fp4", fp8_recipe="mxfp8")
