@@ -97,8 +97,10 @@ class Instance(FrozenSpec):
         return self
 
 
-#: GPU families a device name may carry (longest first: 'H200' before 'H100'...).
-_FAMILIES = ("GB200", "B200", "H200", "H100", "H800", "A100", "A800", "V100", "MI300X", "L40S")
+#: GPU families a device name may carry, a family before any family its name contains
+#: ('GB300' before 'B300', 'GH200' before 'H200', 'H200' before 'H20').
+_FAMILIES = ("GB300", "GB200", "GH200", "B300", "B200", "H200", "H100", "H800", "H20", "A100",
+             "A800", "V100", "MI300X", "L40S")  # fmt: skip
 
 
 def _family(name: str) -> str:

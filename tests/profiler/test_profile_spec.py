@@ -107,6 +107,9 @@ def test_a_profile_belongs_to_its_model_and_device():
         ({"model": "llama-2-7b"}, "profile.model='llama-2-7b'"),
         ({"device": "cpu", "gpu": "cpu"}, "profile.device='cpu'"),
         ({"gpu": "NVIDIA H100 80GB HBM3"}, "measured on H100, the cluster has A100"),
+        ({"gpu": "NVIDIA GH200 480GB"}, "measured on GH200, the cluster has A100"),
+        ({"gpu": "NVIDIA GB300"}, "measured on GB300, the cluster has A100"),
+        ({"gpu": "NVIDIA H20"}, "measured on H20, the cluster has A100"),
     ):
         with pytest.raises(SpecError, match=re.escape(said)):
             with_profile(**fields)

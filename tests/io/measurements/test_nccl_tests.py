@@ -260,6 +260,10 @@ def test_gpu_from_device_name():
     assert gpu_from_device_name(["NVIDIA H100 80GB HBM3"]).name == "H100-SXM5-80GB"
     assert gpu_from_device_name(["NVIDIA A100-SXM4-40GB"]).name == "A100-SXM4-40GB"
     assert gpu_from_device_name(["Tesla V100-SXM2-16GB"]).name == "V100-SXM2-16GB"
+    for device, name in [("NVIDIA GH200 480GB", "GH200-96GB"), ("NVIDIA GH200 144G HBM3e", "GH200-144GB"),
+                         ("NVIDIA H20", "H20-96GB"), ("NVIDIA H800 80GB HBM3", "H800-SXM5-80GB"),
+                         ("NVIDIA B300 SXM6 AC", "B300-SXM-288GB"), ("NVIDIA GB300", "GB300-NVL72-288GB")]:  # fmt: skip
+        assert gpu_from_device_name([device]).name == name, device
     with pytest.raises(SpecError, match="explicitly"):
         gpu_from_device_name(["NVIDIA H100 PCIe"])
     with pytest.raises(SpecError):
