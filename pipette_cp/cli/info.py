@@ -34,15 +34,18 @@ def list_(
     """List bundled instances, models, GPU types or cluster generators."""
     if what is Catalogue.gpus:
         table = Table(
-            "name", "memory GiB", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GB/s", "NVLink GB/s (1 dir)"
-        )
+            "name", "architecture", "memory GiB", "bf16 TFLOP/s", "fp8 TFLOP/s", "fp4 TFLOP/s",
+            "HBM GB/s", "NVLink GB/s (1 dir)",
+        )  # fmt: skip
         for gpu in GPU_CATALOG.values():
-            fp8 = gpu.peak_fp8_flops_per_s
+            fp8, fp4 = gpu.peak_fp8_flops_per_s, gpu.peak_fp4_flops_per_s
             table.add_row(
                 gpu.name,
+                gpu.architecture,
                 f"{gpu.memory_bytes / 2**30:.1f}",
                 f"{gpu.peak_flops_per_s / 1e12:.0f}",
                 f"{fp8 / 1e12:.0f}" if fp8 is not None else "-",
+                f"{fp4 / 1e12:.0f}" if fp4 is not None else "-",
                 f"{gpu.hbm_bandwidth_bytes_per_s / 1e9:.0f}",
                 f"{gpu.nvlink_bandwidth_bytes_per_s / 1e9:.0f}",
             )

@@ -36,6 +36,19 @@ def test_list_catalogues(what: str) -> None:
     assert code == 0 and out.strip()
 
 
+def test_list_gpus_shows_architecture_and_fp4_peak(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipette_cp.cli.console import console
+
+    monkeypatch.setattr(console, "width", 200)  # every column whole, whatever the terminal
+    code, out = run("list", "gpus")
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if "│" in line}
+    assert code == 0 and "architecture" in out and "fp4 TFLOP/s" in out
+    gb300 = [cell.strip() for cell in rows["GB300-NVL72-288GB"].split("│")[1:-1]]
+    assert gb300[1] == "blackwell" and gb300[5] == "15000"
+    h800 = [cell.strip() for cell in rows["H800-SXM5-80GB"].split("│")[1:-1]]
+    assert h800[1] == "hopper" and h800[5] == "-"
+
+
 def test_generate_writes_a_loadable_cluster_file(tmp_path: Path) -> None:
     out = tmp_path / "g3.yaml"
     code, text = run(
