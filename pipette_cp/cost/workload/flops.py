@@ -223,15 +223,51 @@ def hardware_flops_per_iteration(model: ModelSpec, training: TrainingSpec, plan:
     """Executed FLOPs of one iteration (for HFU): model FLOPs plus recomputation.
 
     Full recompute adds one layer forward, ``96 B s L h^2 (1 + s/(6h) + V/(16 L h))``
-    for GPT (Narayanan et al. 2021, eq. 3); selective adds the attention core.  A
+    for GPT (Narayanan et al. 2021, eq. 3); selective adds the attention core, or with
+    Megatron-Core's named modules the GEMMs they redo (:data:`MODULE_GEMMS`).  A
     mixture-of-experts model's full recompute redoes its layers' active FLOPs.  The
     multi-token prediction blocks are recomputed like the others (not counted here).
     """
     s = training.seq_length
-    redone = {"full": _ALL, "selective": ATTENTION_CORE, "none": ()}[plan.recompute]
     gemms = layer_gemms(model, s, 1, 1)
-    if model.is_moe and plan.recompute == "full":
-        extra = _layers_forward_flops(model, s)
+    if plan.recompute == "full":
+        extra = _layers_forward_flops(model, s) if model.is_moe else core_flops(
+            model, s, gemms, _ALL) * model.num_layers  # fmt: skip
+    elif plan.recompute == "selective" and plan.recompute_modules is not None:
+        extra = _module_recompute_flops(model, s, gemms, plan.recompute_modules)
+    elif plan.recompute == "selective":  # Megatron's default: the attention core
+        extra = core_flops(model, s, gemms, ATTENTION_CORE) * model.num_layers
     else:
-        extra = core_flops(model, s, gemms, redone) * model.num_layers
+        extra = 0.0
     return model_flops_per_iteration(model, training) + extra * training.global_batch_size
+
+
+#: The GEMMs each of Megatron-Core's recompute modules redoes in a dense or latent-attention
+#: layer (``layernorm`` and ``moe_act`` redo element-wise kernels only: no FLOPs).
+MODULE_GEMMS = {
+    "core_attn": ATTENTION_CORE,
+    "mlp": ("fc1", "fc2"),
+    "mla_up_proj": ("q_up", "kv_up"),
+}
+
+
+def _module_recompute_flops(
+    model: ModelSpec, seq_length: int, gemms: tuple[Gemm, ...], modules: tuple[str, ...]
+) -> float:
+    """Forward FLOPs per sequence that the named modules redo over every layer: the
+    attention core and latent up-projections in every layer, the dense MLP in the dense
+    layers, and in the mixture-of-experts layers the routed and shared experts (``moe``:
+    the whole block, router included) or the shared experts alone (``shared_experts``)."""
+    attention = tuple(
+        n for m in ("core_attn", "mla_up_proj") if m in modules for n in MODULE_GEMMS[m]
+    )
+    total = core_flops(model, seq_length, gemms, attention) * model.num_layers
+    if "mlp" in modules:
+        total += core_flops(model, seq_length, gemms, MODULE_GEMMS["mlp"]) * model.num_dense_layers
+    if model.is_moe and "moe" in modules:
+        total += moe_mlp_active_flops(model, seq_length) * model.num_moe_layers
+    elif model.is_moe and "shared_experts" in modules:
+        per_width = (fc1_factor(model) + 1) * model.hidden_size
+        shared = 2.0 * seq_length * model.shared_expert_width * per_width
+        total += shared * model.num_moe_layers
+    return total

@@ -204,6 +204,37 @@ def test_mixtral_model_flops_count_the_active_parameters():
     assert full == pytest.approx(model_flops_per_iteration(m, training) + layers / 3, rel=1e-12)
 
 
+def test_hfu_counts_what_the_named_recompute_modules_redo():
+    """Megatron-Core's modules: mlp redoes FC1 and FC2 of every dense layer, core_attn the
+    scores and context GEMMs (plain selective), moe the active expert MLP of every MoE
+    layer; layernorm and moe_act redo no GEMM."""
+    dense = load_model("llama-3-8b")
+    s, tokens = TRAIN.seq_length, TRAIN.global_batch_size
+    base = model_flops_per_iteration(dense, TRAIN)
+    gemms = {g.name: g.flops for g in layer_gemms(dense, s, 1, 1)}
+    fc = (gemms["fc1"] + gemms["fc2"]) * dense.num_layers * tokens
+    core = (gemms["scores"] + gemms["context"]) * dense.num_layers * tokens
+
+    def hfu(**knobs):
+        return hardware_flops_per_iteration(
+            dense, TRAIN, plan(dense, recompute="selective", **knobs)
+        )
+
+    assert hfu(recompute_modules=("mlp",)) == pytest.approx(base + fc)
+    assert hfu(recompute_modules=("core_attn", "mlp")) == pytest.approx(base + fc + core)
+    assert hfu() == pytest.approx(base + core) == hfu(recompute_modules=("core_attn",))
+    m = tiny_moe()
+    moe = hardware_flops_per_iteration(
+        m, TRAIN, plan(m, recompute="selective", recompute_modules=("moe",))
+    )
+    act = hardware_flops_per_iteration(
+        m, TRAIN, plan(m, recompute="selective", recompute_modules=("moe_act",))
+    )
+    mlp = moe_mlp_active_flops(m, s) * m.num_moe_layers * tokens
+    assert moe == pytest.approx(model_flops_per_iteration(m, TRAIN) + mlp)
+    assert act == model_flops_per_iteration(m, TRAIN)
+
+
 def test_context_parallelism_keeps_the_model_flops():
     m = tiny_moe()
     assert hardware_flops_per_iteration(m, TRAIN, plan(m, cp=2)) == model_flops_per_iteration(
