@@ -47,10 +47,11 @@ class Framework:
     memory_margin: float = 0.0
     #: constant memory beyond the tensors (None: the calibrated MEMORY_CALIBRATION value)
     runtime_bytes: float | None = None
-    #: FP8 (Transformer Engine): the FP8 weight copies are cast once per step and kept
-    #: (Megatron passes ``is_first_microbatch``), and a GEMM keeps its FP8 input for the
-    #: weight gradient instead of the bf16 one; false for torchao's Float8Linear, which
-    #: saves the high-precision input and weight and casts them at every GEMM
+    #: FP8 and NVFP4 (Transformer Engine): the quantised weight copies are cast once per
+    #: step and kept (Megatron passes ``is_first_microbatch``), and a GEMM keeps its
+    #: quantised input for the weight gradient instead of the bf16 one; false for torchao's
+    #: Float8Linear, which saves the high-precision input and weight and casts them at
+    #: every GEMM (and runs no NVFP4)
     fp8_keeps_fp8_tensors: bool = True
     #: factor on the fused attention's efficiency with context parallelism (cp > 1): the
     #: ring attention's own cost beyond one kernel call's (Transformer Engine's fused p2p
