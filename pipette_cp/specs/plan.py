@@ -286,16 +286,10 @@ class Plan(FrozenSpec):
     @field_validator("offload_modules", mode="before")
     @classmethod
     def _offload_set(cls, value: object) -> object:
-        return None if value == "none" else module_set(value, OFFLOAD_MODULES)
-
-    @field_validator("offload_modules")
-    @classmethod
-    def _named_offload(
-        cls, value: tuple[OffloadModule, ...] | None
-    ) -> tuple[OffloadModule, ...] | None:
-        if value == ():
+        modules = None if value == "none" else module_set(value, OFFLOAD_MODULES)
+        if modules == ():
             raise ValueError("must name at least one module (or be left out)")
-        return value
+        return modules
 
     @field_validator("recompute_modules")
     @classmethod

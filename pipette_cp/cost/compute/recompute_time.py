@@ -30,7 +30,7 @@ from pipette_cp.cost.compute.layer_work import LayerWork
 from pipette_cp.cost.compute.stage_extras import tp_collective_time_s
 from pipette_cp.cost.stack.calibration import GpuCalibration
 from pipette_cp.cost.stack.kernels import activation_bytes, norm_bytes, uses_quantized_gemms
-from pipette_cp.cost.workload.flops import Gemm
+from pipette_cp.cost.workload.flops import MODULE_GEMMS, Gemm
 from pipette_cp.cost.workload.latent_attention import rope_elements
 from pipette_cp.cost.workload.tokens import expert_tokens, unit_tokens
 from pipette_cp.specs.gpu import GpuSpec
@@ -38,14 +38,6 @@ from pipette_cp.specs.knobs.recompute import selective_modules
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.training import TrainingSpec
-
-#: The GEMMs each module runs, by name (:mod:`pipette_cp.cost.workload.flops`).
-_GEMMS = {
-    "mlp": ("fc1", "fc2"),
-    "moe": ("expert_fc1", "expert_fc2", "shared_fc1", "shared_fc2"),
-    "shared_experts": ("shared_fc1", "shared_fc2"),
-    "mla_up_proj": ("q_up", "kv_up"),
-}
 
 
 def _gemms_s(
@@ -69,9 +61,9 @@ def module_recompute_s(
     modules = selective_modules(plan)
     if moe and "moe" in modules:
         modules -= {"shared_experts", "moe_act"}  # inside the recomputed MoE block
-    names = {name for m in modules for name in _GEMMS.get(m, ())}
+    names = {name for m in modules for name in MODULE_GEMMS.get(m, ())}
     if not moe:
-        names -= {"expert_fc1", "expert_fc2", "shared_fc1", "shared_fc2"}
+        names -= set(MODULE_GEMMS["moe"])
     tokens, t, h = unit_tokens(training, plan), plan.tp, model.hidden_size
     rows = tokens * h / (t if plan.sequence_parallel else 1)
     norm = norm_bytes(model, training, plan)

@@ -102,7 +102,13 @@ _FITTED = {
 #: tensor cores, and the rows it was fitted on: the fit side of the NeMo 24.07 FP8 rows of
 #: ``published_runs_moe_cp.csv`` (Transformer Engine, delayed scaling; 7 rows), grid step
 #: 0.005 minimising MAPE + 0.25 x worst step-time error (MAPE 3.3 %, held-out 6.5 %).
-_FP8_FITTED = {"H100": (0.660, "NeMo 24.07 FP8 performance summary (7 rows)")}
+_FP8_FITTED = {
+    "H100": (0.660, "NeMo 24.07 FP8 performance summary (7 rows)"),
+    # the Blackwell family (below): the 17 dense FP8 / MXFP8 pretraining rows of the fit
+    # side of modern_runs.csv, grid 0.40-0.80 step 0.01 minimising the mean |log
+    # step-time error| (0.116); BLACKWELL_FIT_COMMAND
+    "B200": (0.66, "modern_runs.csv, fit side's dense Blackwell FP8 rows (17 rows)"),
+}
 #: NVFP4 GEMM ceiling ``eta_fp4`` (fraction of the dense FP4 peak) per GPU family with NVFP4
 #: tensor cores, fitted on the 6 dense NVFP4 rows of the fit side of ``modern_runs.csv``
 #: (Llama 3.1 8B on GB200, 405B on GB300; grid 0.20-0.80 step 0.01, minimising the mean
@@ -174,7 +180,7 @@ GPU_CALIBRATION[BLACKWELL_FAMILY] = GpuCalibration(
         f"`{BLACKWELL_FIT_COMMAND}`; W_half H100's fixed per-GEMM time at B200's peak; "
         "bf16 ceiling and fused attention H100's"
     ),
-    fp8_gemm_efficiency_max=0.66,
+    fp8_gemm_efficiency_max=_FP8_FITTED[BLACKWELL_FAMILY][0],
     fp4_gemm_efficiency_max=_FP4_FITTED[BLACKWELL_FAMILY],
 )
 

@@ -52,7 +52,7 @@ class Framework:
     #: quantised input for the weight gradient instead of the bf16 one; false for torchao's
     #: Float8Linear, which saves the high-precision input and weight and casts them at
     #: every GEMM (and runs no NVFP4)
-    fp8_keeps_fp8_tensors: bool = True
+    keeps_quantized_tensors: bool = True
     #: factor on the fused attention's efficiency with context parallelism (cp > 1): the
     #: ring attention's own cost beyond one kernel call's (Transformer Engine's fused p2p
     #: ring: 1.0)
@@ -182,7 +182,7 @@ FRAMEWORKS: dict[str, Framework] = {
         cp_attention_efficiency=0.73,
         # torchao float8 (torchtitan's Float8): matmul_with_hp_or_float8_args saves
         # (input_hp, weight_hp_t) for backward and casts both at every call
-        fp8_keeps_fp8_tensors=False,
+        keeps_quantized_tensors=False,
     ),
 }
 

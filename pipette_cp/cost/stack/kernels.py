@@ -282,7 +282,7 @@ def keeps_quantized_tensors(training: TrainingSpec) -> bool:
     for backward (Transformer Engine), rather than bf16 ones (torchao): the framework
     says."""
     framework = resolve_framework(training.framework)
-    return uses_quantized_gemms(training) and framework.fp8_keeps_fp8_tensors
+    return uses_quantized_gemms(training) and framework.keeps_quantized_tensors
 
 
 def quantized_bytes(training: TrainingSpec) -> float:
@@ -345,7 +345,7 @@ def _check_fp4(training: TrainingSpec, gpu: GpuSpec) -> None:
     """Refuse NVFP4 outside Transformer Engine (a framework that keeps no quantised
     tensors, torchao's) and on a GPU without NVFP4 tensor cores
     (:data:`NVFP4_ARCHITECTURES`)."""
-    if not resolve_framework(training.framework).fp8_keeps_fp8_tensors:
+    if not resolve_framework(training.framework).keeps_quantized_tensors:
         raise SpecError(
             "training.precision", "fp4",
             f"is Transformer Engine's NVFP4 recipe, which framework "

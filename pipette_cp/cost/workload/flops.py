@@ -242,11 +242,13 @@ def hardware_flops_per_iteration(model: ModelSpec, training: TrainingSpec, plan:
     return model_flops_per_iteration(model, training) + extra * training.global_batch_size
 
 
-#: The GEMMs each of Megatron-Core's recompute modules redoes in a dense or latent-attention
-#: layer (``layernorm`` and ``moe_act`` redo element-wise kernels only: no FLOPs).
-MODULE_GEMMS = {
-    "core_attn": ATTENTION_CORE,
+#: The GEMMs (by name) each of Megatron-Core's recompute modules redoes beyond the
+#: attention core (``core_attn``: :data:`ATTENTION_CORE`); ``layernorm`` and ``moe_act``
+#: redo element-wise kernels only.
+MODULE_GEMMS: dict[str, tuple[str, ...]] = {
     "mlp": ("fc1", "fc2"),
+    "moe": ("expert_fc1", "expert_fc2", "shared_fc1", "shared_fc2"),
+    "shared_experts": ("shared_fc1", "shared_fc2"),
     "mla_up_proj": ("q_up", "kv_up"),
 }
 
@@ -258,8 +260,8 @@ def _module_recompute_flops(
     attention core and latent up-projections in every layer, the dense MLP in the dense
     layers, and in the mixture-of-experts layers the routed and shared experts (``moe``:
     the whole block, router included) or the shared experts alone (``shared_experts``)."""
-    attention = tuple(
-        n for m in ("core_attn", "mla_up_proj") if m in modules for n in MODULE_GEMMS[m]
+    attention = (ATTENTION_CORE if "core_attn" in modules else ()) + (
+        MODULE_GEMMS["mla_up_proj"] if "mla_up_proj" in modules else ()
     )
     total = core_flops(model, seq_length, gemms, attention) * model.num_layers
     if "mlp" in modules:

@@ -199,10 +199,15 @@ def bridge_fp8_param_gather(row: dict[str, str]) -> bool:
     the model has no FP8 primary weights under ZeRO-3), else off."""
     if row["fp8_param_gather"].strip():
         return _flag(row["fp8_param_gather"], False)
-    label = precision_label(row)
-    recipe = "mxfp8" if label == "mxfp8" else label.removeprefix("fp8-")
     fsdp = _int(row["fsdp"], 0) > 0
-    return is_bridge(row) and recipe in BRIDGE_FP8_PARAM_RECIPES and not fsdp
+    return is_bridge(row) and row_fp8_recipe(row) in BRIDGE_FP8_PARAM_RECIPES and not fsdp
+
+
+def row_fp8_recipe(row: dict[str, str]) -> str:
+    """The FP8 recipe of the row's precision label (``mxfp8``, or ``fp8-delayed`` ->
+    ``delayed``); the label itself for bf16 and NVFP4 rows."""
+    label = precision_label(row)
+    return label if label == "mxfp8" else label.removeprefix("fp8-")
 
 
 def row_training(row: dict[str, str], global_batch: int) -> TrainingSpec:
@@ -212,7 +217,7 @@ def row_training(row: dict[str, str], global_batch: int) -> TrainingSpec:
     benchmark's adapters (:data:`.features.MLPERF_LORA`)."""
     label = precision_label(row)
     fp8 = label not in ("bf16", "nvfp4")
-    recipe = {"mxfp8": "mxfp8"}.get(label, label.removeprefix("fp8-"))
+    recipe = row_fp8_recipe(row)
     fmt = first_word(row["fp8_format"]) or None
     tp = _int(row["tp"], 1)
     flex = "flex" in row["notes"].lower()

@@ -33,8 +33,11 @@ from unittest.mock import patch
 
 import numpy as np
 
+from pipette_cp.cost.evaluator.evaluate import Evaluator
 from pipette_cp.cost.stack import calibration as calib
+from pipette_cp.experiments.models.modern_runs.build import ModernSetup, row_setup
 from pipette_cp.experiments.models.modern_runs.evaluate import ModernResult, run
+from pipette_cp.experiments.models.modern_runs.features import read_modern_rows
 
 #: The Blackwell family's key in ``GPU_CALIBRATION``.
 FAMILY = calib.BLACKWELL_FAMILY
@@ -78,23 +81,30 @@ def fit_rows(results: Sequence[ModernResult], fp4: bool = False) -> tuple[str, .
     )
 
 
-def log_errors(row_ids: Collection[str], cal: calib.GpuCalibration) -> np.ndarray:
-    """``|log(predicted / measured step time)|`` of ``row_ids`` with ``cal`` as the
+def setups_of(row_ids: Collection[str]) -> list[ModernSetup]:
+    """The rows ``row_ids`` of ``modern_runs.csv`` built once (instance, plan, measured
+    step), for every grid point of the fit to price."""
+    return [row_setup(row) for row in read_modern_rows() if row["row_id"] in row_ids]
+
+
+def log_errors(setups: Sequence[ModernSetup], cal: calib.GpuCalibration) -> np.ndarray:
+    """``|log(predicted / measured step time)|`` of ``setups`` with ``cal`` as the
     Blackwell family's calibration."""
     with patch.dict(calib.GPU_CALIBRATION, {FAMILY: cal}):
-        results, _ = run(row_ids=row_ids)
-    return np.abs(np.log([r.predicted_step_s / r.measured_step_s for r in results]))
+        predicted = [Evaluator(st.instance).evaluate(st.plan).iteration_time_s for st in setups]
+    return np.abs(np.log(np.array(predicted) / [st.measured_step_s for st in setups]))
 
 
 def _search(
-    rows: Collection[str], base: calib.GpuCalibration, field: str, grid: Sequence[float]
-) -> tuple[float, float]:
-    """The grid value of ``field`` with the least mean |log error| on ``rows`` (ties keep
-    the first), and that error."""
+    setups: Sequence[ModernSetup], base: calib.GpuCalibration, field: str,
+    grid: Sequence[float],
+) -> tuple[float, float]:  # fmt: skip
+    """The grid value of ``field`` with the least mean |log error| on ``setups`` (ties
+    keep the first), and that error."""
     best, best_value = math.nan, math.inf
     for value in grid:
         changes: dict[str, Any] = {field: value}
-        error = float(log_errors(rows, replace(base, **changes)).mean())
+        error = float(log_errors(setups, replace(base, **changes)).mean())
         if error < best_value - 1e-12:
             best, best_value = value, error
     return best, best_value
@@ -105,9 +115,10 @@ def fit_blackwell(results: Sequence[ModernResult] | None = None) -> BlackwellFit
     results = results if results is not None else run()[0]
     rows, fp4_rows = fit_rows(results), fit_rows(results, fp4=True)
     base = replace(calib.GPU_CALIBRATION[FAMILY], gemm_half_saturation_flops=HALF_SATURATION)
-    eta_fp8, fp8_value = _search(rows, base, "fp8_gemm_efficiency_max", FP8_CEILINGS)
+    eta_fp8, fp8_value = _search(setups_of(rows), base, "fp8_gemm_efficiency_max", FP8_CEILINGS)
     base = replace(base, fp8_gemm_efficiency_max=eta_fp8)
-    eta_fp4, fp4_value = _search(fp4_rows, base, "fp4_gemm_efficiency_max", FP4_CEILINGS)
+    fp4 = setups_of(fp4_rows)
+    eta_fp4, fp4_value = _search(fp4, base, "fp4_gemm_efficiency_max", FP4_CEILINGS)
     return BlackwellFit(eta_fp8, rows, fp8_value, eta_fp4, fp4_rows, fp4_value)
 
 
