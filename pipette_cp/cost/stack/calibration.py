@@ -159,12 +159,11 @@ DEFAULT_GPU_CALIBRATION = GpuCalibration(
 BLACKWELL_FAMILY = "B200"
 #: Command that re-fits the Blackwell family and prints its accuracy on both sides.
 BLACKWELL_FIT_COMMAND = "python -m pipette_cp.experiments.models.modern_runs --fit"
-#: Blackwell (B200, GB200, B300, GB300; 148 SMs, the B200's): the FP8 ceiling fitted on
-#: the 17 dense Blackwell rows of the fit side of ``modern_runs.csv`` (grid 0.40-0.80,
-#: step 0.01, minimising the mean |log step-time error|: 0.116; ``BLACKWELL_FIT_COMMAND``)
-#: came out at H100's 0.66; H100's fixed per-GEMM time (``W_half`` scaled by B200's bf16
-#: peak over H100's); the bf16 ceiling and the fused attention's efficiency H100's (no
-#: dense bf16 Blackwell row to fit them on).
+#: Blackwell (B200, GB200, B300, GB300; 148 SMs, the B200's): the FP8 and NVFP4 ceilings
+#: of :data:`_FP8_FITTED` and :data:`_FP4_FITTED` (the FP8 one came out at H100's);
+#: H100's fixed per-GEMM time (``W_half`` scaled by B200's bf16 peak over H100's); the
+#: bf16 ceiling and the fused attention's efficiency H100's (no dense bf16 Blackwell row
+#: to fit them on).
 GPU_CALIBRATION[BLACKWELL_FAMILY] = GpuCalibration(
     gpu_family=BLACKWELL_FAMILY,
     num_sms=148,
@@ -174,11 +173,10 @@ GPU_CALIBRATION[BLACKWELL_FAMILY] = GpuCalibration(
     flash_attention_efficiency=_FLASH_EFF_H100,
     fitted=True,
     provenance=(
-        "FP8 ceiling fitted on the 17 dense Blackwell rows of the fit side of modern_runs.csv "
-        "(grid 0.40-0.80 step 0.01, minimising the mean |log step-time error|: 0.116): "
-        f"0.66; NVFP4 ceiling on its 6 dense NVFP4 rows (0.040): 0.35; "
-        f"`{BLACKWELL_FIT_COMMAND}`; W_half H100's fixed per-GEMM time at B200's peak; "
-        "bf16 ceiling and fused attention H100's"
+        f"FP8 ceiling {_FP8_FITTED[BLACKWELL_FAMILY][0]} fitted on "
+        f"{_FP8_FITTED[BLACKWELL_FAMILY][1]}, NVFP4 ceiling {_FP4_FITTED[BLACKWELL_FAMILY]} on "
+        f"its 6 dense NVFP4 rows: `{BLACKWELL_FIT_COMMAND}`; W_half H100's fixed per-GEMM "
+        "time at B200's peak; bf16 ceiling and fused attention H100's"
     ),
     fp8_gemm_efficiency_max=_FP8_FITTED[BLACKWELL_FAMILY][0],
     fp4_gemm_efficiency_max=_FP4_FITTED[BLACKWELL_FAMILY],
