@@ -43,6 +43,7 @@ import math
 
 from pipette_cp.cost.workload.flops import Gemm, fc1_factor
 from pipette_cp.cost.workload.parameters import stage_layer_kinds, stage_param_split
+from pipette_cp.cost.workload.tokens import unit_tokens
 from pipette_cp.specs.lora import LoraSpec
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
@@ -85,7 +86,7 @@ def adapter_gemms(model: ModelSpec, training: TrainingSpec, plan: Plan) -> tuple
     if lora is None:
         return ()
     t, r = plan.tp, lora.rank
-    tokens = training.seq_length * plan.micro_batch_size // plan.cp
+    tokens = int(unit_tokens(training, plan))
     out = []
     for name, a, b in adapter_widths(model, lora):
         if name in ROW_PARALLEL:
@@ -104,7 +105,7 @@ def adapter_activation_bytes(model: ModelSpec, training: TrainingSpec, plan: Pla
     lora = training.lora
     if lora is None:
         return 0.0
-    tokens = training.seq_length * plan.micro_batch_size / plan.cp
+    tokens = unit_tokens(training, plan)
     return len(lora.target_modules) * tokens * lora.rank * ADAPTER_ACTIVATION_BYTES
 
 
