@@ -27,6 +27,7 @@ from pipette_cp.cost.stack.kernels import (
     uses_fused_attention,
 )
 from pipette_cp.cost.stack.offload import offload_savings
+from pipette_cp.cost.workload.flops import qkv_widths
 from pipette_cp.cost.workload.latent_attention import latent_activation_bytes
 from pipette_cp.cost.workload.lora import adapter_activation_bytes
 from pipette_cp.cost.workload.parameters import layer_gemm_params_per_gpu, padded_vocab_size
@@ -43,10 +44,7 @@ def full_layer_activation_bytes(
     s, b, t = training.seq_length, plan.micro_batch_size, plan.tp
     tokens = s * b / plan.cp
     h, f = model.hidden_size, model.ffn_hidden_size
-    q_width = model.num_attention_heads * model.head_size
-    kv_width = model.kv_heads * model.head_size
-    # value and attention-output widths (v_head_dim with latent attention)
-    v_width = model.kv_heads * model.v_head_size
+    q_width, kv_width, v_width = qkv_widths(model)  # v_head_dim with latent attention
     out_width = model.num_attention_heads * model.v_head_size
     drop = 1.0 if training.dropout else 0.0
     fused = uses_fused_attention(training, plan)

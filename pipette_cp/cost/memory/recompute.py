@@ -63,7 +63,7 @@ from pipette_cp.cost.stack.kernels import (
     unfused_activation_extra_bytes,
     uses_fused_attention,
 )
-from pipette_cp.cost.workload.flops import fc1_factor
+from pipette_cp.cost.workload.flops import fc1_factor, qkv_widths
 from pipette_cp.cost.workload.tokens import expert_tokens, rank_tokens, unit_tokens
 from pipette_cp.specs.knobs.recompute import selective_modules
 from pipette_cp.specs.model import ModelSpec
@@ -121,9 +121,7 @@ def module_savings(model: ModelSpec, training: TrainingSpec, plan: Plan, moe: bo
         )
         saved += rows * h * gemm_in + tokens * model.ffn_hidden_size * inner / t
     if "mla_up_proj" in modules and model.is_mla:
-        q_width = model.num_attention_heads * model.head_size
-        kv_width, v_width = model.kv_heads * model.head_size, model.kv_heads * model.v_head_size
-        saved += tokens * (2 * q_width + 2 * kv_width + 2 * v_width) / t
+        saved += tokens * 2 * sum(qkv_widths(model)) / t
     if "layernorm" in modules:
         if moe and "moe" not in modules:  # the pre-MLP norm's output, the router's input
             saved += 2.0 * h * routed

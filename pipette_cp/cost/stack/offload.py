@@ -34,7 +34,7 @@ from pipette_cp.cost.stack.kernels import (
     quantized_bytes,
     uses_fused_attention,
 )
-from pipette_cp.cost.workload.flops import fc1_factor
+from pipette_cp.cost.workload.flops import fc1_factor, qkv_widths
 from pipette_cp.cost.workload.tokens import expert_tokens, rank_tokens, unit_tokens
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
@@ -55,10 +55,8 @@ def _module_bytes(
     out_width = model.num_attention_heads * model.v_head_size
     if module in ("attn_norm", "mlp_norm"):
         return 2.0 * model.hidden_size * rank_tokens(training, plan)
-    if module == "core_attn":
-        widths = 2 * model.num_attention_heads * model.head_size + 2 * model.kv_heads * (
-            model.head_size + model.v_head_size
-        )
+    if module == "core_attn":  # Q, K and V, 2 B each
+        widths = 2.0 * sum(qkv_widths(model))
         fused_output = (
             2.0 * out_width if quantized and uses_fused_attention(training, plan) else 0.0
         )

@@ -53,6 +53,15 @@ class Gemm:
         return dgrad, Gemm(f"{self.name}.wgrad", self.k, self.n, self.m, self.batch)
 
 
+def qkv_widths(model: ModelSpec) -> tuple[int, int, int]:
+    """Widths of one token's queries, keys and values over all heads, whole (not split
+    over tp): ``heads x d``, ``kv heads x d`` and ``kv heads x d_v`` (latent attention's
+    query/key and value head widths, :attr:`ModelSpec.head_size`,
+    :attr:`ModelSpec.v_head_size`)."""
+    return (model.num_attention_heads * model.head_size, model.kv_heads * model.head_size,
+            model.kv_heads * model.v_head_size)  # fmt: skip
+
+
 def fc1_factor(model: ModelSpec) -> int:
     """Output columns of FC1 per unit of MLP width: 2 for SwiGLU (gate and up), else 1."""
     return 2 if model.activation == "swiglu" else 1
