@@ -6,7 +6,8 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from pipette_cp.errors import UnsupportedError
 from pipette_cp.specs import model_counts as counts
-from pipette_cp.specs.model_fields import Activation, Norm, PositionEmbedding, TransformerFields
+from pipette_cp.specs.model_fields import Activation, Norm, PositionEmbedding
+from pipette_cp.specs.model_hybrid import HybridFields, check_hybrid_layers
 
 __all__ = ["Activation", "ModelSpec", "Norm", "PositionEmbedding"]
 
@@ -21,7 +22,7 @@ _DENSE_VALUES: dict[str, object] = {
 _MLA_WIDTHS = ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 
 
-class ModelSpec(TransformerFields):
+class ModelSpec(HybridFields):
     """A decoder-only transformer, as Megatron-LM builds it: dense, or with
     mixture-of-experts layers, multi-head latent attention and multi-token prediction.
 
@@ -206,6 +207,9 @@ class ModelSpec(TransformerFields):
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelSpec:
+        self.check_hybrid()
+        if self.is_hybrid:
+            check_hybrid_layers(self)
         if not self.is_mla:
             given = [n for n in (*_MLA_WIDTHS, "q_lora_rank") if getattr(self, n) is not None]
             if given:
@@ -287,20 +291,27 @@ class ModelSpec(TransformerFields):
         return self.shared_expert_ffn_hidden_size or self.num_shared_experts * self.expert_width
 
     def is_moe_layer(self, layer: int) -> bool:
-        """Whether block ``layer`` (0-based) is a mixture-of-experts layer."""
+        """Whether block ``layer`` (0-based) is a mixture-of-experts layer (``E`` in a
+        hybrid pattern)."""
+        if self.hybrid_pattern is not None:
+            return self.hybrid_pattern[layer] == "E"
         first, freq = self.first_k_dense_layers, self.moe_layer_freq
         return self.is_moe and layer >= first and (layer - first) % freq == 0
 
     @property
     def num_moe_layers(self) -> int:
         """Mixture-of-experts layers (0 for a dense model)."""
+        if self.hybrid_pattern is not None:
+            return self.hybrid_pattern.count("E")
         if not self.is_moe:
             return 0
         return -(-(self.num_layers - self.first_k_dense_layers) // self.moe_layer_freq)
 
     @property
     def num_dense_layers(self) -> int:
-        """Layers with a dense MLP of ffn_hidden_size."""
+        """Layers with a dense MLP of ffn_hidden_size (``-`` in a hybrid pattern)."""
+        if self.hybrid_pattern is not None:
+            return self.hybrid_pattern.count("-")
         return self.num_layers - self.num_moe_layers
 
     @property
@@ -359,6 +370,9 @@ class ModelSpec(TransformerFields):
         :attr:`moe_layer_params` and :attr:`dense_layer_params`, and whose parameters per
         GPU depend on the expert layout, which is not modelled yet.
         """
+        if self.is_hybrid:
+            raise UnsupportedError("model.hybrid_pattern", self.hybrid_pattern, "a hybrid "
+                                   "model's layers differ by symbol: see hybrid_layer_params")  # fmt: skip
         if self.is_moe:
             raise UnsupportedError(
                 "model.num_experts", self.num_experts, "mixture-of-experts models are not "
@@ -383,6 +397,11 @@ class ModelSpec(TransformerFields):
         """The multi-token prediction modules (sharing the embedding and LM head)."""
         block = self.moe_layer_params if self.is_moe else self.dense_layer_params
         return self.mtp_layers * counts.mtp_module(self, block)
+
+    def hybrid_layer_params(self, symbol: str, *, active: bool = False) -> int:
+        """One sublayer of a hybrid model by its symbol, with its pre-norm (``E``: every
+        routed expert, or the top-k with ``active``)."""
+        return counts.hybrid_layer(self, symbol, active=active)
 
     @property
     def total_params(self) -> int:

@@ -113,6 +113,30 @@ class ModelSpec(Protocol):
     @property
     def v_head_dim(self) -> int | None: ...
 
+    @property
+    def hybrid_pattern(self) -> str | None: ...
+
+    @property
+    def ffn_hidden_size(self) -> int: ...
+
+    @property
+    def mamba_num_heads(self) -> int | None: ...
+
+    @property
+    def mamba_inner(self) -> int: ...
+
+    @property
+    def mamba_conv_width(self) -> int: ...
+
+    @property
+    def mamba_conv_kernel(self) -> int: ...
+
+    @property
+    def mamba_in_proj_width(self) -> int: ...
+
+    @property
+    def moe_top_k(self) -> int: ...
+
 
 def norm(m: ModelSpec, width: int) -> int:
     """One normalisation layer over ``width`` features: scale (and shift for LayerNorm)."""
@@ -204,9 +228,33 @@ def mtp_module(m: ModelSpec, block: int) -> int:
     return 3 * norm(m, h) + 2 * h * h + block
 
 
+def mamba(m: ModelSpec) -> int:
+    """One Mamba-2 mixer (Megatron-Core ``MambaMixer``, no biases): ``in_proj`` (``h`` x
+    its width), the depth-wise convolution (a weight per tap and a bias per channel),
+    ``A_log``, ``D`` and ``dt_bias`` per head, the gated RMSNorm over ``d_inner`` and
+    ``out_proj`` (``d_inner x h``)."""
+    h, inner = m.hidden_size, m.mamba_inner
+    conv = m.mamba_conv_width * (m.mamba_conv_kernel + 1)
+    return h * m.mamba_in_proj_width + conv + 3 * (m.mamba_num_heads or 0) + inner + inner * h
+
+
+def hybrid_layer(m: ModelSpec, symbol: str, *, active: bool) -> int:
+    """One sublayer of a hybrid model with its pre-norm: a Mamba-2 mixer (``M``), attention
+    (``*``), an MLP of ``ffn_hidden_size`` (``-``) or a mixture-of-experts MLP (``E``:
+    every routed expert, or the top-k with ``active``)."""
+    if symbol == "E":
+        body = moe_mlp(m, m.moe_top_k if active else m.num_experts)
+    else:
+        body = {"M": mamba, "*": attention, "-": lambda x: mlp(x, x.ffn_hidden_size)}[symbol](m)
+    return norm(m, m.hidden_size) + body
+
+
 def total(m: ModelSpec, *, active: bool) -> int:
     """Every parameter, or (``active``) those one token uses: the top-k routed experts
     of each MoE layer instead of all of them."""
+    if m.hybrid_pattern is not None:
+        layers = sum(hybrid_layer(m, c, active=active) for c in m.hybrid_pattern)
+        return layers + m.embedding_params + norm(m, m.hidden_size) + m.output_params
     moe_block = m.moe_layer_active_params if active else m.moe_layer_params
     dense_block = m.dense_layer_params
     layers = m.num_dense_layers * dense_block + m.num_moe_layers * moe_block

@@ -14,7 +14,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from pipette_cp.specs._base import FrozenSpec
 
-Activation = Literal["gelu", "swiglu"]
+Activation = Literal["gelu", "swiglu", "squared_relu"]
 Norm = Literal["layernorm", "rmsnorm"]
 PositionEmbedding = Literal["learned", "rope", "alibi"]
 
@@ -42,8 +42,9 @@ class TransformerFields(FrozenSpec):
     vocab_size: int = Field(gt=0, description="Vocabulary size V (before any padding).")
     activation: Activation = Field(
         default="gelu",
-        description="MLP type: 'gelu' (2 GEMMs) or 'swiglu' (gated, 3 GEMMs; Grok-1's gated "
-        "GELU has the same three matrices and is written 'swiglu').",
+        description="MLP type: 'gelu' (2 GEMMs), 'swiglu' (gated, 3 GEMMs; Grok-1's gated "
+        "GELU has the same three matrices and is written 'swiglu') or 'squared_relu' (2 GEMMs, "
+        "ReLU squared: Nemotron-H, Megatron --squared-relu).",
     )
     norm: Norm = Field(default="layernorm", description="Normalisation layer type.")
     position_embedding: PositionEmbedding = Field(

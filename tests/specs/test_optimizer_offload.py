@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from pipette_cp.cli import app
 from pipette_cp.cli.knob_flags import parse_space
-from pipette_cp.cost.compute.model_chunks import optimizer_step_time_s
+from pipette_cp.cost.compute.optimizer_step import optimizer_step_time_s
 from pipette_cp.cost.evaluator.evaluate import Evaluator, evaluate, validate_layout
 from pipette_cp.cost.memory.peak import memory_by_stage
 from pipette_cp.cost.memory.state import state_bytes_per_param

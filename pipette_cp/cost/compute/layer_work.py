@@ -101,6 +101,10 @@ class LayerWork:
     #: the MLP's share of ``elementwise_bytes``: the activation and (MoE) the router,
     #: permute/unpermute and shared-expert gate kernels (what recomputing it redoes)
     mlp_elementwise_bytes: float = 0.0
+    #: whether the layer has an attention core (a hybrid model's sublayers but ``*``: no)
+    attention: bool = True
+    #: bf16 GEMMs under every precision besides the router (a Mamba mixer's SSD scan)
+    scan_gemms: tuple[Gemm, ...] = ()
 
 
 def _elementwise_forward_bytes(
@@ -248,6 +252,10 @@ def check_profile(model: ModelSpec, plan: Plan) -> None:
         A mixture-of-experts model (a profile measures the dense layer only), or
         ``plan.cp > 1`` (a profile measures whole sequences, without the K/V ring).
     """
+    if model.is_hybrid:
+        raise UnsupportedError("model.hybrid_pattern", model.hybrid_pattern, "a LayerProfile "
+                               "measures a transformer layer, not a hybrid model's sublayers: "
+                               "drop the profile to use the analytic model")  # fmt: skip
     if model.is_moe:
         raise UnsupportedError("model.num_experts", model.num_experts, "a LayerProfile "
                                "measures the dense layer only, not the mixture-of-experts "

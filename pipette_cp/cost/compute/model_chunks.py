@@ -35,6 +35,7 @@ from pipette_cp.cost.compute.adapters import adapter_times_s
 from pipette_cp.cost.compute.context_ring import check_cp_bandwidth, ring_exposed_s
 from pipette_cp.cost.compute.gemm import gemm_time_s, quantized_gemm_time_s
 from pipette_cp.cost.compute.gemm import hbm_time_s as _hbm_time_s
+from pipette_cp.cost.compute.hybrid_work import check_hybrid_plan, hybrid_cast_bytes, hybrid_work
 from pipette_cp.cost.compute.layer_work import check_profile, layer_cast_bytes, layer_work
 from pipette_cp.cost.compute.recompute_time import module_recompute_s
 from pipette_cp.cost.compute.stage_extras import boundary_times as _boundary_times
@@ -44,9 +45,6 @@ from pipette_cp.cost.stack.frameworks import (
     HOST_LINK_BYTES_PER_S,
     attention_scale,
     framework_calibration,
-    gradient_bytes,
-    host_optimizer_time_s,
-    optimizer_update_bytes,
 )
 from pipette_cp.cost.stack.kernels import (
     SOFTMAX_BYTES,
@@ -57,9 +55,8 @@ from pipette_cp.cost.stack.kernels import (
 )
 from pipette_cp.cost.stack.offload import offload_savings
 from pipette_cp.cost.workload.flops import ATTENTION_CORE, layer_gemms
+from pipette_cp.cost.workload.hybrid import present_symbols, symbols_by_chunk
 from pipette_cp.cost.workload.latent_attention import attention_input_width
-from pipette_cp.cost.workload.lora import trained_param_split
-from pipette_cp.cost.workload.parameters import expert_shard_group
 from pipette_cp.cost.workload.sliding_window import window_tile_fraction
 from pipette_cp.cost.workload.tokens import moe_layers_by_chunk
 from pipette_cp.errors import SpecError, UnsupportedError
@@ -157,6 +154,7 @@ def layer_times(
     *,
     cp_bandwidth_bytes_per_s: float = 0.0,
     moe: bool = False,
+    symbol: str | None = None,
 ) -> LayerTimes:
     """Analytic forward/backward/recompute time of one layer for one micro-batch
     (``calibration``, if given, is used as it is; by default the GPU's, scaled by the
@@ -166,13 +164,19 @@ def layer_times(
     expert-parallel all-to-all); with ``etp > 1`` its routed tokens' all-gather and
     reduce-scatter run at ``tp_bandwidth_bytes_per_s``, not overlapped (the token
     dispatcher issues them).  ``cp_bandwidth_bytes_per_s``: the stage's K/V rings'.
+    ``symbol``: a hybrid model's sublayer instead (:mod:`pipette_cp.cost.compute.hybrid_work`).
     """
     cal = calibration or framework_calibration(calibration_for(gpu), training)
     check_cp_bandwidth(plan, cp_bandwidth_bytes_per_s)
-    work = layer_work(model, training, plan, moe)
+    if symbol is None:
+        work = layer_work(model, training, plan, moe)
+    else:
+        work = hybrid_work(model, training, plan, symbol)
     dense = work.gemms  # FP8 under fp8 (the router apart)
     frozen = training.lora is not None  # LoRA: no weight gradient of the layer GEMMs
-    core_fwd, core_bwd = _attention_core_times(model, training, gpu, plan, cal)
+    core_fwd, core_bwd = (
+        _attention_core_times(model, training, gpu, plan, cal) if work.attention else (0.0, 0.0)
+    )
     elementwise = _hbm_time_s(work.elementwise_bytes, gpu, cal)
     if uses_quantized_gemms(training):  # the layer GEMMs in FP8 / NVFP4 (TE), plus casts
         check_precision(training, gpu)
@@ -180,7 +184,8 @@ def layer_times(
         bwd_gemms = sum(
             quantized_gemm_time_s(x, gpu, cal, training) for g in dense for x in g.backward(frozen)
         )
-        casts = layer_cast_bytes(model, training, plan, moe)
+        casts = (layer_cast_bytes(model, training, plan, moe) if symbol is None
+                 else hybrid_cast_bytes(model, training, plan, symbol))  # fmt: skip
         cast_fwd, cast_bwd = (_hbm_time_s(x, gpu, cal) for x in casts)
         fwd_gemms, bwd_gemms = fwd_gemms + cast_fwd, bwd_gemms + cast_bwd
     else:
@@ -188,9 +193,10 @@ def layer_times(
         bwd_gemms = sum(gemm_time_s(x, gpu, cal) for g in dense for x in g.backward(frozen))
     adapter_fwd, adapter_bwd = adapter_times_s(model, training, gpu, plan, cal)  # LoRA's
     fwd_gemms, bwd_gemms = fwd_gemms + adapter_fwd, bwd_gemms + adapter_bwd
-    if work.router is not None:  # the router GEMM stays bf16 under FP8
-        fwd_gemms += gemm_time_s(work.router, gpu, cal)
-        bwd_gemms += sum(gemm_time_s(x, gpu, cal) for x in work.router.backward())
+    # the router GEMM and a Mamba mixer's scan stay bf16 under FP8
+    for gemm in (*((work.router,) if work.router is not None else ()), *work.scan_gemms):
+        fwd_gemms += gemm_time_s(gemm, gpu, cal)
+        bwd_gemms += sum(gemm_time_s(x, gpu, cal) for x in gemm.backward())
     fwd_compute = fwd_gemms + core_fwd + elementwise
     # Backward of element-wise kernels reads the saved input and the output gradient
     # and writes the input gradient: ~2 x the forward traffic (assumption).
@@ -219,7 +225,7 @@ def layer_times(
         comm_bwd += comm_fwd
         cp_bwd += cp_fwd
     elif plan.recompute_modules is None and plan.recompute == "selective":
-        recompute = core_fwd + cp_fwd  # the attention core, with its K/V ring
+        recompute = core_fwd + cp_fwd  # the attention core, with its K/V ring (0 without)
         cp_bwd += cp_fwd
     elif plan.recompute == "selective":  # Megatron-Core's named modules
         attention = "core_attn" in selective_modules(plan)
@@ -348,13 +354,18 @@ def chunk_times(
         layer_times, model, training, gpu, plan, tp_bandwidth_bytes_per_s, cal,
         cp_bandwidth_bytes_per_s=cp_bandwidth_bytes_per_s,
     )  # fmt: skip
+    check_hybrid_plan(model, training, plan)
     if profile is None:
         layer = analytic()
     else:
         layer = measured_layer_times(profile, model, training, plan, tp_bandwidth_bytes_per_s)
     emb, head = _boundary_times(model, training, gpu, plan, tp_bandwidth_bytes_per_s, cal)
     layers = np.array(plan.layer_split, dtype=np.float64)
-    if model.is_moe:
+    if model.is_hybrid:  # each symbol's sublayer times its count per chunk
+        by_symbol = symbols_by_chunk(model, plan)
+        sublayer = {k: analytic(symbol=k) for k in present_symbols(model)}
+        parts = sum(np.outer(astuple(sublayer[k]), by_symbol[k]) for k in sublayer)
+    elif model.is_moe:
         moe = analytic(moe=True)
         n_moe = moe_layers_by_chunk(model, plan)
         parts = np.outer(astuple(layer), layers - n_moe) + np.outer(astuple(moe), n_moe)
@@ -371,35 +382,3 @@ def chunk_times(
         forward, backward, tp_forward, tp_backward, recompute, measured=profile is not None,
         cp_comm_forward_s=cp_forward, cp_comm_backward_s=cp_backward,
     )  # fmt: skip
-
-
-def optimizer_step_time_s(
-    model: ModelSpec, training: TrainingSpec, gpu: GpuSpec, plan: Plan, stage: int
-) -> float:
-    """Time of the (memory-bound) optimizer step on one GPU of ``stage``.
-
-    Fused Adam over the local shard reads the fp32 gradient, master weight and two
-    moments and writes the last three plus the bf16 weight (30 B/param; SGD with
-    momentum 22 B; :func:`~pipette_cp.cost.stack.frameworks.optimizer_update_bytes`),
-    the gradient-norm pass reads the gradient (4 B), and the
-    gradient buffer of every local parameter is zeroed (4 B; bf16 main gradients 2 B:
-    :func:`~pipette_cp.cost.stack.frameworks.gradient_bytes`).  An offloaded optimizer
-    (``plan.optimizer_offload_fraction``) updates the rest of the shard on the device and
-    adds the host's part (:func:`~pipette_cp.cost.stack.frameworks.host_optimizer_time_s`).
-    The distributed optimizer updates 1/(dp cp) of the dense parameters, 1/expert_dp of
-    the experts'.  Under LoRA only the adapters are trained
-    (:func:`~pipette_cp.cost.workload.lora.trained_param_split`): the step and the
-    gradient zeroing touch them alone.
-    """
-    cal = calibration_for(gpu)
-    dense, experts = trained_param_split(model, training, plan, stage)  # MTP modules included
-    params = dense + experts
-    # the distributed optimizer: dense state over dp x cp, the experts' over expert dp
-    shard = dense / plan.shard_group + experts / expert_shard_group(plan) \
-        if plan.distributed_optimizer else params  # fmt: skip
-    update = optimizer_update_bytes(training, plan)
-    grad = gradient_bytes(training, plan).step  # fp32 main gradients: 4 B
-    if offloaded := plan.optimizer_offload_fraction:  # the host updates that share
-        hbm = (1.0 - offloaded) * shard * update + shard * grad + grad * params
-        return _hbm_time_s(hbm, gpu, cal) + host_optimizer_time_s(offloaded * shard)
-    return _hbm_time_s(shard * (update + grad) + grad * params, gpu, cal)

@@ -21,7 +21,8 @@ from typing import Literal
 
 import numpy as np
 
-from pipette_cp.cost.compute.model_chunks import chunk_times, optimizer_step_time_s
+from pipette_cp.cost.compute.model_chunks import chunk_times
+from pipette_cp.cost.compute.optimizer_step import optimizer_step_time_s
 from pipette_cp.cost.evaluator.caches import KnobMemo, fabric_of
 from pipette_cp.cost.evaluator.dp_collectives import DpCollectives
 from pipette_cp.cost.evaluator.expert_groups import ExpertGroupCosts, expert_rings_apart

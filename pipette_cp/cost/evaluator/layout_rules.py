@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from pipette_cp.cost.compute.hybrid_work import check_hybrid_plan
 from pipette_cp.cost.stack.attention_variants import check_attention_variants
 from pipette_cp.errors import LayoutError
 from pipette_cp.specs.instance import Instance
@@ -69,6 +70,7 @@ def check_knobs(instance: Instance, plan: Plan) -> None:
     _knob_rules(Phase.EXPERT_TENSOR, job, plan)
     # latent attention, sliding windows, sinks, multi-token prediction: what the stack runs
     check_attention_variants(model, training, plan, cluster.gpu_types.values())
+    check_hybrid_plan(model, training, plan)  # a hybrid model's sublayers: what is priced
     if tp > g:
         _check_wide_tp(cluster, tp)
     if heads % tp:

@@ -41,6 +41,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
+import numpy as np
+
 from pipette_cp.cost.memory import fsdp2 as memory_fsdp2
 from pipette_cp.cost.memory import moe_activations as memory_moe
 from pipette_cp.cost.memory import state
@@ -52,6 +54,7 @@ from pipette_cp.cost.memory.activations import (
     logits_bytes,
     moe_activation_bytes_per_layer,
 )
+from pipette_cp.cost.memory.hybrid_activations import hybrid_kept_bytes, largest_hybrid_full_bytes
 from pipette_cp.cost.memory.limits import (
     in_flight_microbatches,
     num_microbatches,
@@ -62,6 +65,7 @@ from pipette_cp.cost.stack.calibration import MEMORY_CALIBRATION, MemoryCalibrat
 from pipette_cp.cost.stack.frameworks import gradient_bytes, resolve_framework
 from pipette_cp.cost.stack.kernels import uses_quantized_gemms
 from pipette_cp.cost.workload import lora, parameters
+from pipette_cp.cost.workload.hybrid import present_symbols, symbols_by_chunk
 from pipette_cp.cost.workload.parameters import (
     layer_params_per_gpu,
     padded_vocab_size,
@@ -138,7 +142,9 @@ def _temporary_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> fl
     """Transient working set on top of what is stored (assumptions, err high)."""
     s, b = training.seq_length / plan.cp, plan.micro_batch_size
     full = full_layer_activation_bytes(model, training, plan)
-    if model.is_moe:  # the largest layer kind of the model
+    if model.is_hybrid:  # the largest sublayer
+        full = largest_hybrid_full_bytes(model, training, plan)
+    elif model.is_moe:  # the largest layer kind of the model
         moe = full_layer_activation_bytes(model, training, plan, moe=True)
         full = max(full, moe) if model.num_dense_layers else moe
     # Backward of one layer: gradients of its activations are alive at once with the
@@ -216,6 +222,8 @@ class _Shared(NamedTuple):
     runtime_constant: float
     allocator_fraction: float
     margin_fraction: float
+    #: a hybrid model's kept bytes per sublayer, by symbol
+    symbol_bytes: tuple[tuple[str, float], ...] = ()
 
 
 def _shared(
@@ -232,6 +240,7 @@ def _shared(
         last_stage_head_bytes(model, training, plan), logits_bytes(model, training, plan),
         _temporary_bytes(model, training, plan), constant, calibration.allocator_fraction,
         fw.memory_margin,
+        tuple((k, hybrid_kept_bytes(model, training, plan, k)) for k in present_symbols(model)),
     )  # fmt: skip
 
 
@@ -246,7 +255,11 @@ def _stage(
     units = in_flight_microbatches(plan, stage, shared.microbatches) * plan.vpp
     # Interleaving: each in-flight unit is one chunk's micro-batch; with an uneven
     # split, count the stage's largest chunk for every unit (err high).
-    if model.is_moe:  # dense and MoE layers by chunk (Megatron's virtual-stage order)
+    if model.is_hybrid:  # each symbol's sublayers by chunk (Megatron's virtual-stage order)
+        by_symbol, chunks = symbols_by_chunk(model, plan), np.arange(plan.vpp) * plan.pp + stage
+        chunk = sum(by_symbol[k][chunks] * kept for k, kept in shared.symbol_bytes)
+        activations = units * float(np.max(chunk))
+    elif model.is_moe:  # dense and MoE layers by chunk (Megatron's virtual-stage order)
         chunk = memory_moe.largest_chunk_bytes(
             model, plan, stage, shared.per_layer, shared.moe_per_layer
         )

@@ -13,6 +13,7 @@ from pipette_cp.cost.stack.frameworks import (
     resolve_framework,
 )
 from pipette_cp.cost.stack.kernels import keeps_quantized_tensors, quantized_bytes
+from pipette_cp.cost.workload.hybrid import hybrid_gemm_params_per_gpu, stage_symbols
 from pipette_cp.cost.workload.parameters import (
     expert_shard_group,
     layer_gemm_params_per_gpu,
@@ -71,8 +72,15 @@ def stage_fp8_weight_bytes(
     buffer and the column-wise copy TE derives after the gather: 2 x 1 B instead of
     2 B + 2 x 1 B per GEMM weight).  Norms, biases, embeddings and the output layer
     stay bf16."""
-    dense_layers, moe_layers = stage_layer_kinds(model, plan, stage)
-    kept = dense_layers * fp8_weight_bytes_per_layer(model, training, plan)
+    if model.is_hybrid:  # each sublayer's quantised GEMMs (cost.workload.hybrid)
+        keeps = _keeps_fp8_weights(training, plan)
+        gemms = sum(n * hybrid_gemm_params_per_gpu(model, plan, k)
+                    for k, n in stage_symbols(model, plan, stage).items() if n and keeps)  # fmt: skip
+        kept = gemms * quantized_weight_bytes(training)
+        dense_layers = moe_layers = 0
+    else:
+        dense_layers, moe_layers = stage_layer_kinds(model, plan, stage)
+        kept = dense_layers * fp8_weight_bytes_per_layer(model, training, plan)
     if moe_layers and _keeps_fp8_weights(training, plan):
         kept += (
             moe_layers

@@ -27,6 +27,11 @@ ATTENTION_PROJECTIONS = ("qkv", "q_down", "q_up", "q_proj", "kv_down", "kv_up", 
 #: The latent attention's down-projections, duplicated on every tensor-parallel rank.
 DUPLICATED = ("q_down", "kv_down")
 _ALL = (*ATTENTION_PROJECTIONS, *ATTENTION_CORE, "fc1", "fc2")
+#: Tokens per chunk of the SSD scan (``chunk_size`` 128 in Megatron-Core's MambaMixer).
+SSD_CHUNK = 128
+#: The symbols of a hybrid pattern in the order costs are listed
+#: (:mod:`pipette_cp.cost.workload.hybrid`).
+SYMBOLS = ("M", "*", "-", "E")
 
 
 @dataclass(frozen=True)
@@ -220,7 +225,9 @@ def model_flops_per_iteration(model: ModelSpec, training: TrainingSpec) -> float
     s = training.seq_length
     # Logits GEMM, 2 s h V per sequence (Narayanan et al. 2021).
     logits = 2.0 * s * model.hidden_size * model.vocab_size
-    if model.is_moe:
+    if model.is_hybrid:
+        per_seq = hybrid_layers_forward_flops(model, s) + logits
+    elif model.is_moe:
         per_seq = _layers_forward_flops(model, s) + logits
     else:
         per_seq = model.num_layers * layer_forward_flops(model, s) + logits
@@ -239,7 +246,10 @@ def hardware_flops_per_iteration(model: ModelSpec, training: TrainingSpec, plan:
     """
     s = training.seq_length
     gemms = layer_gemms(model, s, 1, 1)
-    if plan.recompute == "full":
+    if model.is_hybrid:  # full: every sublayer again; selective: the attention cores
+        extra = {"full": hybrid_layers_forward_flops(model, s),
+                 "selective": hybrid_attention_core_flops(model, s)}.get(plan.recompute, 0.0)  # fmt: skip
+    elif plan.recompute == "full":
         extra = _layers_forward_flops(model, s) if model.is_moe else core_flops(
             model, s, gemms, _ALL) * model.num_layers  # fmt: skip
     elif plan.recompute == "selective" and plan.recompute_modules is not None:
@@ -282,3 +292,62 @@ def _module_recompute_flops(
         shared = 2.0 * seq_length * model.shared_expert_width * per_width
         total += shared * model.num_moe_layers
     return total
+
+
+# ------------------------------------------------------------------ hybrid models
+def mamba_projection_gemms(model: ModelSpec, tokens: int, tp: int) -> tuple[Gemm, Gemm]:
+    """``in_proj`` and ``out_proj`` of one Mamba-2 mixer on one rank over ``tokens`` rows."""
+    h, inner = model.hidden_size, model.mamba_inner
+    return (
+        Gemm("in_proj", tokens, model.mamba_in_proj_width // tp, h),
+        Gemm("out_proj", tokens, h, inner // tp),
+    )
+
+
+def ssd_gemms(
+    model: ModelSpec, seq_length: int, micro_batch_size: int, tp: int
+) -> tuple[Gemm, ...]:
+    """The batched products of the chunked SSD scan on one rank (module docstring)."""
+    q, n, p = SSD_CHUNK, model.mamba_state_dim, model.mamba_head_dim
+    chunks = micro_batch_size * -(-seq_length // q)
+    heads = chunks * (model.mamba_num_heads or 0) // tp
+    groups = chunks * max(model.mamba_num_groups // tp, 1)
+    return (
+        Gemm("ssd_cb", q, q, n, groups),
+        Gemm("ssd_diag", q, p, q, heads),
+        Gemm("ssd_states", n, p, q, heads),
+        Gemm("ssd_off", q, p, n, heads),
+    )
+
+
+def mamba_elementwise_elements(model: ModelSpec, tokens: int, tp: int) -> tuple[float, float]:
+    """Elements per micro-batch of the convolution (``x, B, C``) and of the gated norm
+    (``d_inner``) on one rank."""
+    return tokens * model.mamba_conv_width / tp, tokens * model.mamba_inner / tp
+
+
+def hybrid_forward_flops(model: ModelSpec, seq_length: int, symbol: str) -> float:
+    """Forward model FLOPs per sequence of one sublayer (active parameters for ``E``)."""
+    s = seq_length
+    if symbol == "M":
+        gemms = (*mamba_projection_gemms(model, s, 1), *ssd_gemms(model, s, 1, 1))
+        return sum(g.flops for g in gemms)
+    if symbol == "E":
+        return moe_mlp_active_flops(model, s)
+    gemms = layer_gemms(model, s, 1, 1)
+    names = ("fc1", "fc2") if symbol == "-" else tuple(
+        g.name for g in gemms if g.name not in ("fc1", "fc2"))  # fmt: skip
+    return core_flops(model, s, gemms, names)
+
+
+def hybrid_layers_forward_flops(model: ModelSpec, seq_length: int) -> float:
+    """Forward model FLOPs per sequence of every sublayer of a hybrid model."""
+    pattern = model.hybrid_pattern or ""
+    return sum(pattern.count(k) * hybrid_forward_flops(model, seq_length, k) for k in SYMBOLS)
+
+
+def hybrid_attention_core_flops(model: ModelSpec, seq_length: int) -> float:
+    """Forward FLOPs per sequence of the attention cores (what selective recompute redoes)."""
+    gemms = layer_gemms(model, seq_length, 1, 1)
+    per_layer = core_flops(model, seq_length, gemms, ATTENTION_CORE)
+    return (model.hybrid_pattern or "").count("*") * per_layer

@@ -23,6 +23,12 @@ import math
 
 import numpy as np
 
+from pipette_cp.cost.workload.hybrid import (
+    hybrid_gemm_params_per_gpu,
+    hybrid_param_split,
+    present_symbols,
+    stage_symbols,
+)
 from pipette_cp.cost.workload.latent_attention import attention_weight_elements, duplicated_params
 from pipette_cp.cost.workload.tokens import local_experts, moe_layers_by_chunk
 from pipette_cp.specs import model_counts as counts
@@ -121,6 +127,8 @@ def stage_layer_kinds(model: ModelSpec, plan: Plan, stage: int) -> tuple[int, in
 def largest_layer_params_per_gpu(model: ModelSpec, plan: Plan) -> float:
     """Parameters of the largest layer on one GPU (a dense layer, or a mixture-of-experts
     layer's dense and local expert parameters): :func:`layer_params_per_gpu` when dense."""
+    if model.is_hybrid:
+        return max(sum(hybrid_param_split(model, plan, k)) for k in present_symbols(model))
     if not model.is_moe:
         return layer_params_per_gpu(model, plan.tp)
     dense = _dense_layer_params(model, plan.tp) if model.num_dense_layers else 0.0
@@ -152,6 +160,8 @@ def moe_layer_gemm_params_per_gpu(model: ModelSpec, plan: Plan) -> float:
 
 def largest_layer_gemm_params_per_gpu(model: ModelSpec, plan: Plan) -> float:
     """:func:`layer_gemm_params_per_gpu` of the largest layer kind of ``model``."""
+    if model.is_hybrid:
+        return max(hybrid_gemm_params_per_gpu(model, plan, k) for k in present_symbols(model))
     dense = layer_gemm_params_per_gpu(model, plan.tp)
     if not model.is_moe:
         return dense
@@ -171,13 +181,20 @@ def stage_param_split(model: ModelSpec, plan: Plan, stage: int) -> tuple[float, 
     """
     h = model.hidden_size
     vocab = padded_vocab_size(model, plan.tp)
-    dense_layers, moe_layers = stage_layer_kinds(model, plan, stage)
-    params = dense_layers * _dense_layer_params(model, plan.tp)
-    experts = 0.0
+    params = experts = 0.0
+    if model.is_hybrid:  # each sublayer by its symbol (cost.workload.hybrid)
+        for symbol, n in stage_symbols(model, plan, stage).items():
+            if n:
+                dense, routed = hybrid_param_split(model, plan, symbol)
+                params, experts = params + n * dense, experts + n * routed
+        dense_layers = moe_layers = 0
+    else:
+        dense_layers, moe_layers = stage_layer_kinds(model, plan, stage)
+    params += dense_layers * _dense_layer_params(model, plan.tp)
     if moe_layers:
         moe_dense, moe_experts = moe_layer_param_split(model, plan)
         params += moe_layers * moe_dense
-        experts = moe_layers * moe_experts
+        experts += moe_layers * moe_experts
     if stage == 0:
         positions = model.max_seq_length if model.position_embedding == "learned" else 0
         params += vocab * h / plan.tp + positions * h

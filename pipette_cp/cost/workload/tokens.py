@@ -75,18 +75,23 @@ def dispatch_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> floa
 def moe_layers_by_chunk(model: ModelSpec, plan: Plan) -> np.ndarray:
     """MoE layers of every virtual stage (``c * pp + s``), as floats: Megatron assigns
     the layers to the virtual stages in that order (read-only, cached per split)."""
-    pattern = (model.is_moe, model.first_k_dense_layers, model.moe_layer_freq, model.num_layers)
+    pattern = (model.is_moe, model.first_k_dense_layers, model.moe_layer_freq, model.num_layers,
+               model.hybrid_pattern)  # fmt: skip
     return _moe_by_chunk(pattern, plan.layer_split)
 
 
 @functools.lru_cache(maxsize=4096)
-def _moe_by_chunk(pattern: tuple[bool, int, int, int], split: tuple[int, ...]) -> np.ndarray:
-    is_moe, first, freq, layers = pattern
+def _moe_by_chunk(
+    pattern: tuple[bool, int, int, int, str | None], split: tuple[int, ...]
+) -> np.ndarray:
+    is_moe, first, freq, layers, hybrid = pattern
     ends = np.cumsum(split, dtype=np.int64)
     starts = ends - np.asarray(split, dtype=np.int64)
     # a split of more layers than the model (a bound's probe) continues the pattern
     index = np.arange(max(layers, int(ends[-1]) if len(ends) else 0))
     moe = is_moe & (index >= first) & ((index - first) % freq == 0)
+    if hybrid is not None:  # the E layers (a probe beyond the pattern repeats its last)
+        moe = np.array([hybrid[min(i, len(hybrid) - 1)] == "E" for i in index])
     prefix = np.concatenate(([0.0], np.cumsum(moe, dtype=float)))
     out = prefix[ends] - prefix[starts]
     out.flags.writeable = False

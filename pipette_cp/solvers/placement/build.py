@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipette_cp.cost.compute.model_chunks import chunk_times, layer_times, optimizer_step_time_s
+from pipette_cp.cost.compute.model_chunks import chunk_times, layer_times
+from pipette_cp.cost.compute.optimizer_step import optimizer_step_time_s
 from pipette_cp.cost.evaluator.evaluate import Evaluator
 from pipette_cp.cost.evaluator.expert_groups import expert_rings_apart
 from pipette_cp.cost.memory.peak import (

@@ -38,6 +38,7 @@ from pipette_cp.cost.schedule.critical_path import PipelineInputs, finish_iterat
 from pipette_cp.errors import InfeasibleError, LayoutError
 from pipette_cp.solvers.cuts import Cut, supporting_cut
 from pipette_cp.specs import Instance, Plan
+from pipette_cp.specs.model import ModelSpec
 from pipette_cp.units import GB
 
 #: Relative hair of the finite-difference cuts (supporting_cut's default is 1e-7): the
@@ -146,6 +147,9 @@ class SplitCost:
     envelope: np.ndarray
     memory: MemoryModel
     chunk_spread: int | None = None
+    #: whether every layer costs the same (the affine forms are then exact; a hybrid
+    #: model's sublayers, or dense layers among MoE ones, make them an approximation)
+    exact: bool = True
 
     @property
     def num_chunks(self) -> int:
@@ -186,7 +190,8 @@ class SplitCost:
 
     def iteration_time_s(self, split: np.ndarray) -> float:
         """Analytic iteration time of ``split``: for integer splits exactly what
-        :meth:`pipette_cp.cost.evaluator.evaluate.Evaluator.evaluate` predicts."""
+        :meth:`pipette_cp.cost.evaluator.evaluate.Evaluator.evaluate` predicts when
+        :attr:`exact` (layers of unequal cost: an approximation)."""
         return self._time(split, relaxed=False)
 
     def relaxed_time_s(self, split: np.ndarray) -> float:
@@ -374,8 +379,14 @@ def split_cost(
         forward_slope_s=f_slope, forward_const_s=one.forward_s - f_slope,
         backward_slope_s=b_slope, backward_const_s=one.backward_s - b_slope,
         tails=tails, envelope=envelope, memory=MemoryModel(const, w, x, limits),
-        chunk_spread=chunk_spread,
+        chunk_spread=chunk_spread, exact=uniform_layers(model),
     )  # fmt: skip
+
+
+def uniform_layers(model: ModelSpec) -> bool:
+    """Whether every layer of ``model`` costs the same: no hybrid pattern, and either no
+    experts or experts in every layer."""
+    return not model.is_hybrid and (not model.is_moe or model.num_dense_layers == 0)
 
 
 # -------------------------------------------------------- master problem result

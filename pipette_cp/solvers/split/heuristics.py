@@ -6,14 +6,23 @@ first cuts), so an exact solve is never worse than the even split.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from pipette_cp.checker.checks import check_memory_limit
+from pipette_cp.cost.evaluator.evaluate import Evaluator
+from pipette_cp.errors import InfeasibleError
 from pipette_cp.solvers.cuts import Cut
 from pipette_cp.solvers.split.cost import SplitCost
+from pipette_cp.specs import Instance, Plan
 from pipette_cp.specs.layouts import even_split
+
+#: Evaluator calls the polish of a split of unequal layers may spend (a count, not a
+#: clock, so that the result does not depend on the machine).
+POLISH_EVALUATIONS = 200
 
 
 def feasible_start(cost: SplitCost) -> np.ndarray:
@@ -125,3 +134,51 @@ def prefer_simple(
         if value <= time_s * (1 + tie):
             return candidate, value
     return split, time_s
+
+
+def polish_unequal_layers(
+    instance: Instance, plan: Plan, cost: SplitCost, candidates: tuple[np.ndarray, ...]
+) -> tuple[np.ndarray, float]:
+    """The fastest split of ``candidates`` and the even split under the evaluator itself
+    (:meth:`~pipette_cp.cost.evaluator.evaluate.Evaluator.iteration_time`) among those
+    that pass the checker's memory check and keep the chunk balance, then improved by
+    moving one layer across a boundary of neighbouring chunks while that helps (at most
+    :data:`POLISH_EVALUATIONS` evaluations).  For layers of unequal cost, where the
+    split models' affine forms are approximations.
+
+    Raises
+    ------
+    InfeasibleError
+        None of the candidates fits in memory.
+    """
+    evaluator = Evaluator(instance, validate=False)
+    spent = 0
+
+    def score(split: np.ndarray) -> float:
+        nonlocal spent
+        spent += 1
+        trial = plan.model_copy(
+            update={"layer_split": tuple(int(n) for n in split), "evaluation": None}
+        )
+        if split.min() < 1 or not cost.balanced(split) or check_memory_limit(instance, trial):
+            return math.inf
+        return evaluator.iteration_time(trial)
+
+    even = np.array(even_split(cost.num_layers, cost.pp, cost.vpp))
+    pool = [np.asarray(c, dtype=int) for c in (*candidates, even)]
+    best_s, index = min((score(c), i) for i, c in enumerate(pool))
+    best = pool[index]
+    if not math.isfinite(best_s):
+        raise InfeasibleError(f"no layer split of {plan.layout()} found that fits in memory "
+                              "(layers of unequal cost: even, greedy and solved splits tried)")  # fmt: skip
+    improved = True
+    while improved and spent < POLISH_EVALUATIONS:
+        improved = False
+        for v in range(cost.num_chunks - 1):
+            for step in (1, -1):  # one layer from chunk v + 1 to v, or back
+                trial = best.copy()
+                trial[v], trial[v + 1] = trial[v] + step, trial[v + 1] - step
+                value = score(trial)
+                if value < best_s * (1 - 1e-12):
+                    best, best_s, improved = trial, value, True
+    return best, best_s

@@ -18,7 +18,11 @@ evaluated at its split, and the supporting cut there is added, until
 ``T(best) - t <= tolerance x T(best)``.  The master's optimum is a proven lower
 bound (reported as ``bound``).  A greedy local search from the even split
 supplies the hint and the first cuts, so the result is never worse than the
-even split.  When the DP sync table is not convex (the faster of ring and
+even split.  Where layers cost unequally (a hybrid model's sublayers, dense layers
+among MoE ones) the affine forms are an approximation: the master's split is then
+polished by moving single layers under the evaluator and the memory check itself
+(:func:`~pipette_cp.solvers.split.heuristics.polish_unequal_layers`) and reported
+``feasible`` without a bound.  When the DP sync table is not convex (the faster of ring and
 two-level all-reduce changes with the stage's size), the cuts use its convex
 envelope: the bound stays valid, optimality may then go unproven (status
 ``feasible`` with the gap).
@@ -56,7 +60,12 @@ from pipette_cp.solvers.options import SPLIT_WORK_SHARE, SolveOptions
 from pipette_cp.solvers.split.cost import SplitCost, split_cost
 from pipette_cp.solvers.split.cpsat import CpSatSplitBackend
 from pipette_cp.solvers.split.families import split_families
-from pipette_cp.solvers.split.heuristics import feasible_start, local_search, prefer_simple
+from pipette_cp.solvers.split.heuristics import (
+    feasible_start,
+    local_search,
+    polish_unequal_layers,
+    prefer_simple,
+)
 from pipette_cp.solvers.split.milp import MilpSplitBackend
 from pipette_cp.solvers.split.model import SplitBackend, SplitModel
 from pipette_cp.specs import Instance, Plan, SolveInfo
@@ -225,6 +234,9 @@ def _split(instance: Instance, plan: Plan, options: SolveOptions, backend: Backe
         raise InfeasibleError("no layer split satisfying the user families found in the time limit")
     if not users:
         best, best_s = prefer_simple(cost, best, best_s)
+    if not cost.exact:  # the affine forms approximate unequal layers: no bound, no claim
+        best, best_s = polish_unequal_layers(instance, plan, cost, (np.asarray(best), start))
+        bound, status = -math.inf, "feasible"
     proven = bound if math.isfinite(bound) else None
     return SplitResult(
         split=tuple(int(n) for n in best),

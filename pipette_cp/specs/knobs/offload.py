@@ -105,7 +105,7 @@ def _offload_megatron(training: TrainingSpec, plan: _Offloaded) -> list[Flag]:
 #: Priced by :func:`pipette_cp.cost.stack.frameworks.optimizer_state_bytes` (the offloaded
 #: share of the master weights and moments leaves the GPU) and
 #: :func:`~pipette_cp.cost.stack.frameworks.host_optimizer_time_s` (the step's transfers
-#: and host Adam, :func:`pipette_cp.cost.compute.model_chunks.optimizer_step_time_s`).
+#: and host Adam, :func:`pipette_cp.cost.compute.optimizer_step.optimizer_step_time_s`).
 OPTIMIZER_OFFLOAD: Knob[_Offloaded] = Knob(
     name="optimizer_offload_fraction",
     choices=_offload_choices,

@@ -12,9 +12,9 @@ from pipette_cp.cost.compute.model_chunks import (
     ChunkTimes,
     chunk_times,
     layer_times,
-    optimizer_step_time_s,
     tp_collective_time_s,
 )
+from pipette_cp.cost.compute.optimizer_step import optimizer_step_time_s
 from pipette_cp.cost.stack.calibration import calibration_for
 from pipette_cp.cost.workload.flops import (
     Gemm,

@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 from pipette_cp.cost.compute.gemm import gemm_time_s
-from pipette_cp.cost.compute.model_chunks import layer_times, optimizer_step_time_s
+from pipette_cp.cost.compute.model_chunks import layer_times
+from pipette_cp.cost.compute.optimizer_step import optimizer_step_time_s
 from pipette_cp.cost.compute.stage_extras import boundary_times
 from pipette_cp.cost.evaluator.evaluate import Evaluator, evaluate
 from pipette_cp.cost.stack.calibration import calibration_for

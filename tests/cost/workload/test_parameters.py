@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from pipette_cp.cost.compute.gemm import hbm_time_s
-from pipette_cp.cost.compute.model_chunks import optimizer_step_time_s
+from pipette_cp.cost.compute.optimizer_step import optimizer_step_time_s
 from pipette_cp.cost.memory import fsdp2 as memory_fsdp2
 from pipette_cp.cost.memory.peak import memory_by_stage
 from pipette_cp.cost.stack.calibration import calibration_for

@@ -1,0 +1,97 @@
+"""What one sublayer of a hybrid Mamba-Transformer model keeps for its backward.
+
+The terms of :func:`pipette_cp.cost.memory.activations.full_layer_activation_bytes`,
+sublayer by sublayer (Korthikanti et al. 2022, Table 2, derived term by term), on the
+``s b`` tokens of a GPU; replicated over tp unless sequence parallel, the rest split:
+
+- every sublayer: its pre-norm's input (2 B per element of ``h``) and, with dropout,
+  the residual's 1-byte mask;
+- ``*``: the QKV input, queries, keys, values and the projection input, and the
+  attention core's log-sum-exp (fused) or scores (unfused, none under selective
+  recompute), as a dense layer's attention;
+- ``-``: the FC1 input and the activation's input and output (FC2 input);
+- ``E``: the router, experts, combine and shared experts of
+  :func:`pipette_cp.cost.memory.moe_activations.moe_mlp_activation_bytes`;
+- ``M`` (Megatron-Core's default memory-efficient path, ``mamba_split_conv1d_scan_combined``,
+  which recomputes the convolution in its backward): the ``in_proj`` input, its output
+  ``z, x, B, C, dt`` (2 B each), the scan's output before the gated norm (2 B per
+  ``d_inner``), the ``out_proj`` input, and per token the fp32 ``dt`` and cumulative
+  decay of every head and the norm's reciprocal deviation of every group (assumption:
+  the saved tensors of ``mamba_ssm``'s ``MambaSplitConv1dScanCombinedFn``).
+
+Under FP8 / NVFP4 with Transformer Engine a GEMM's kept input is its quantised copy.
+Full recomputation keeps the sublayer's input alone (``2 s b h``).
+"""
+
+from __future__ import annotations
+
+from pipette_cp.cost.memory import moe_activations as memory_moe
+from pipette_cp.cost.memory import recompute as memory_recompute
+from pipette_cp.cost.stack.kernels import (
+    keeps_quantized_tensors,
+    quantized_bytes,
+    unfused_activation_extra_bytes,
+    unfused_norm_extra_bytes,
+    uses_fused_attention,
+)
+from pipette_cp.cost.workload.flops import qkv_widths
+from pipette_cp.cost.workload.hybrid import present_symbols
+from pipette_cp.specs.model import ModelSpec
+from pipette_cp.specs.plan import Plan
+from pipette_cp.specs.training import TrainingSpec
+
+#: Bytes per token and head the Mamba scan keeps in fp32 (``dt`` and its cumulative
+#: decay), and per token and group (the gated norm's reciprocal deviation).
+SCAN_HEAD_BYTES = 8.0
+SCAN_GROUP_BYTES = 4.0
+
+
+def hybrid_full_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan, symbol: str) -> float:
+    """Bytes one sublayer stores for one micro-batch without recomputation (module docstring)."""
+    s, b, t = training.seq_length, plan.micro_batch_size, plan.tp
+    tokens, h = s * b / plan.cp, model.hidden_size
+    shard = t if plan.sequence_parallel else 1
+    gemm_in = quantized_bytes(training) if keeps_quantized_tensors(training) else 2.0
+    drop = 1.0 if training.dropout else 0.0
+    per_h = 2.0 + drop + 2.0 * unfused_norm_extra_bytes(model, training, plan)
+    if symbol == "E":
+        return tokens * h * per_h / shard + memory_moe.moe_mlp_activation_bytes(
+            model, training, plan
+        )
+    replicated = tokens * h * (per_h + gemm_in) / shard  # and the first GEMM's input
+    if symbol == "-":
+        f = model.ffn_hidden_size
+        inner = (4.0 if model.activation == "swiglu" else 2.0) + gemm_in
+        inner += unfused_activation_extra_bytes(model, training)
+        return replicated + tokens * f * inner / t
+    if symbol == "M":
+        heads, groups = model.mamba_num_heads or 0, model.mamba_num_groups
+        widths = 2.0 * model.mamba_in_proj_width + (2.0 + gemm_in) * model.mamba_inner
+        fp32 = SCAN_HEAD_BYTES * heads + SCAN_GROUP_BYTES * groups
+        return replicated + tokens * (widths + fp32) / t
+    q_width, kv_width, v_width = qkv_widths(model)
+    fused = uses_fused_attention(training, plan)
+    proj_in = gemm_in + (2.0 if fused and gemm_in != 2.0 else 0.0)
+    out_width = model.num_attention_heads * model.v_head_size
+    split = tokens * (2 * q_width + 2 * kv_width + 2 * v_width + proj_in * out_width) / t
+    if fused:
+        core = 4.0 * model.num_attention_heads * (s / plan.cp) * b / t
+    elif plan.recompute == "selective":
+        core = 0.0
+    else:
+        core = memory_recompute.unfused_core_bytes(model, training, plan)
+    return replicated + split + core
+
+
+def hybrid_kept_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan, symbol: str) -> float:
+    """Bytes one sublayer keeps for one micro-batch until its backward."""
+    if plan.recompute == "full":
+        tokens = training.seq_length * plan.micro_batch_size / plan.cp
+        layer_input = 2.0 * tokens * model.hidden_size
+        return layer_input / plan.tp if plan.sequence_parallel else layer_input
+    return hybrid_full_bytes(model, training, plan, symbol)
+
+
+def largest_hybrid_full_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
+    """:func:`hybrid_full_bytes` of the largest sublayer the model has."""
+    return max(hybrid_full_bytes(model, training, plan, k) for k in present_symbols(model))
