@@ -18,7 +18,9 @@ GPU holds unit ``(s, u)``, so rank ``r`` must run on ``placement[s * dp * cp + u
   NCCL's peer-to-peer and IPC paths want), sets or unsets
   ``CUDA_DEVICE_MAX_CONNECTIONS`` as
   :func:`~pipette_cp.report.megatron.flags.megatron_environment` requires, and runs
-  ``pretrain_gpt.py`` with the Megatron arguments (a bash array, every token quoted);
+  ``pretrain_gpt.py`` (a hybrid Mamba model: ``pretrain_hybrid.py``,
+  :func:`~pipette_cp.report.megatron.hybrid_flags.train_script`) with the Megatron
+  arguments (a bash array, every token quoted);
 * ``slurm_hostfile`` + ``launch_slurm.sh``: one host per rank for ``srun
   --distribution=arbitrary`` (Slurm reads ``SLURM_HOSTFILE``);
 * ``rankfile`` + ``launch_mpirun.sh``: the same host list for Open MPI's sequential
@@ -42,6 +44,7 @@ from pathlib import Path
 
 from pipette_cp.io.hostfile import check_host_name
 from pipette_cp.report.megatron import flags as megatron
+from pipette_cp.report.megatron.hybrid_flags import train_script
 from pipette_cp.specs import Instance, Plan
 
 #: The port rank 0 listens on unless MASTER_PORT is set.
@@ -136,8 +139,11 @@ def write_launch_files(
         "launch_torchrun.sh": _torchrun_script(plan, slots, layout),
         "torchrun.txt": _torchrun_text(slots, layout),
     }
+    # the templates' default training script, the model's own where it differs
+    script = train_script(instance.model)
     paths = []
     for name, text in files.items():
+        text = text.replace(GPT_SCRIPT, script)
         path = directory / name
         directory.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
@@ -281,6 +287,8 @@ if [[ -z "$here" || ! -f "$here/rank_wrapper.sh" ]]; then
   exit 2
 fi
 """
+#: The Megatron-LM training script the templates name (a GPT model's).
+GPT_SCRIPT = "pretrain_gpt.py"
 _SETTINGS = """# Extra arguments go to every rank's Megatron-LM: data and tokenizer (--data-path,
 # --tokenizer-type, --tokenizer-model), --train-iters, --lr, --save, --load, ...
 # Settings: MASTER_PORT [@PORT@], PIPETTE_CP_PYTHON [python], PIPETTE_CP_TRAIN_SCRIPT

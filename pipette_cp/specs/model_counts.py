@@ -137,15 +137,25 @@ class ModelSpec(Protocol):
     @property
     def moe_top_k(self) -> int: ...
 
+    @property
+    def moe_latent_size(self) -> int | None: ...
+
+    @property
+    def expert_hidden_size(self) -> int: ...
+
+    @property
+    def mtp_hybrid_pattern(self) -> str | None: ...
+
 
 def norm(m: ModelSpec, width: int) -> int:
     """One normalisation layer over ``width`` features: scale (and shift for LayerNorm)."""
     return (2 if m.norm == "layernorm" else 1) * width
 
 
-def mlp(m: ModelSpec, width: int) -> int:
-    """An MLP of inner ``width``: 2 matrices for GeLU, 3 for SwiGLU (plus biases)."""
-    h = m.hidden_size
+def mlp(m: ModelSpec, width: int, hidden: int | None = None) -> int:
+    """An MLP of inner ``width``: 2 matrices for GeLU, 3 for SwiGLU (plus biases), reading
+    and writing ``hidden`` (default ``hidden_size``; a LatentMoE expert its latent)."""
+    h = hidden or m.hidden_size
     n_in = 2 if m.activation == "swiglu" else 1
     biases = (n_in * width + h) if m.linear_bias else 0
     return (n_in + 1) * h * width + biases
@@ -211,9 +221,16 @@ def shared_experts(m: ModelSpec) -> int:
     return mlp(m, m.shared_expert_width) + gate
 
 
+def latent_projections(m: ModelSpec) -> int:
+    """LatentMoE's down- and up-projection of one MoE layer (``h x latent`` each; 0 without)."""
+    return 2 * m.hidden_size * m.moe_latent_size if m.moe_latent_size else 0
+
+
 def moe_mlp(m: ModelSpec, experts: int) -> int:
-    """One MoE layer's MLP with ``experts`` routed experts, the shared ones and the router."""
-    return experts * mlp(m, m.expert_width) + shared_experts(m) + router(m)
+    """One MoE layer's MLP with ``experts`` routed experts (over the latent width under
+    LatentMoE, with its projections), the shared ones and the router."""
+    routed = experts * mlp(m, m.expert_width, m.expert_hidden_size) + latent_projections(m)
+    return routed + shared_experts(m) + router(m)
 
 
 def mtp_module(m: ModelSpec, block: int) -> int:
@@ -254,7 +271,9 @@ def total(m: ModelSpec, *, active: bool) -> int:
     of each MoE layer instead of all of them."""
     if m.hybrid_pattern is not None:
         layers = sum(hybrid_layer(m, c, active=active) for c in m.hybrid_pattern)
-        return layers + m.embedding_params + norm(m, m.hidden_size) + m.output_params
+        block = sum(hybrid_layer(m, c, active=active) for c in m.mtp_hybrid_pattern or "")
+        mtp = m.mtp_layers * mtp_module(m, block)
+        return layers + m.embedding_params + norm(m, m.hidden_size) + m.output_params + mtp
     moe_block = m.moe_layer_active_params if active else m.moe_layer_params
     dense_block = m.dense_layer_params
     layers = m.num_dense_layers * dense_block + m.num_moe_layers * moe_block

@@ -16,7 +16,7 @@ from pipette_cp.specs._base import FrozenSpec
 
 Activation = Literal["gelu", "swiglu", "squared_relu"]
 Norm = Literal["layernorm", "rmsnorm"]
-PositionEmbedding = Literal["learned", "rope", "alibi"]
+PositionEmbedding = Literal["learned", "rope", "alibi", "none"]
 
 
 class TransformerFields(FrozenSpec):
@@ -49,7 +49,8 @@ class TransformerFields(FrozenSpec):
     norm: Norm = Field(default="layernorm", description="Normalisation layer type.")
     position_embedding: PositionEmbedding = Field(
         default="learned",
-        description="'learned' adds a max_seq_length x hidden table; 'rope'/'alibi' add no parameters.",
+        description="'learned' adds a max_seq_length x hidden table; 'rope'/'alibi' add no "
+        "parameters; 'none': no position information (Nemotron-H's attention).",
     )
     linear_bias: bool = Field(
         default=True,

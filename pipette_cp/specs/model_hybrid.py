@@ -17,14 +17,11 @@ Each sublayer has its own pre-norm and residual.  The widths of the Mamba mixer 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from pydantic import Field, ValidationInfo, field_validator
 
 from pipette_cp.specs.model_fields import TransformerFields
-
-if TYPE_CHECKING:
-    from pipette_cp.specs.model import ModelSpec
 
 #: The symbols of a hybrid pattern and the sublayer each stands for.
 HybridSymbol = Literal["M", "*", "-", "E"]
@@ -37,6 +34,36 @@ HYBRID_SYMBOLS: dict[str, str] = {
 #: The Mamba fields and Megatron's defaults (``megatron/training/arguments.py``).
 MAMBA_DEFAULTS = {"mamba_head_dim": 64, "mamba_state_dim": 128, "mamba_num_groups": 8,
                   "mamba_conv_kernel": 4}  # fmt: skip
+
+
+class _HybridModel(Protocol):
+    """What :func:`check_hybrid_layers` reads of a ``ModelSpec`` (not imported: it
+    imports this module)."""
+
+    @property
+    def hybrid_pattern(self) -> str | None: ...
+    @property
+    def num_experts(self) -> int: ...
+    @property
+    def first_k_dense_layers(self) -> int: ...
+    @property
+    def moe_layer_freq(self) -> int: ...
+    @property
+    def mtp_layers(self) -> int: ...
+    @property
+    def kv_lora_rank(self) -> int | None: ...
+    @property
+    def linear_bias(self) -> bool: ...
+    @property
+    def post_sublayer_norm(self) -> bool: ...
+    @property
+    def mtp_hybrid_pattern(self) -> str | None: ...
+    @property
+    def moe_latent_size(self) -> int | None: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def is_moe(self) -> bool: ...
 
 
 class HybridFields(TransformerFields):
@@ -70,6 +97,19 @@ class HybridFields(TransformerFields):
         description="Groups sharing one B and C projection in each Mamba-2 mixer (Megatron "
         "--mamba-num-groups; Hugging Face n_groups); divides mamba_num_heads.",
     )
+    moe_latent_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="LatentMoE (Nemotron 3 Super, Megatron --moe-latent-size): each MoE layer "
+        "projects its routed tokens from hidden_size down to this width before the dispatch and "
+        "back up after the combine; the routed experts read and write it; None: no latent "
+        "projection.",
+    )
+    mtp_hybrid_pattern: str | None = Field(
+        default=None,
+        description="A hybrid model's multi-token prediction block, in hybrid_pattern's symbols "
+        "(Megatron --mtp-hybrid-override-pattern: '*E' for Nemotron 3 Super); needs mtp_layers.",
+    )
     mamba_conv_kernel: int = Field(
         default=4,
         gt=0,
@@ -89,6 +129,17 @@ class HybridFields(TransformerFields):
         layers = info.data.get("num_layers")
         if layers is not None and len(value) != layers:
             raise ValueError(f"has {len(value)} symbols, num_layers={layers}: one per layer")
+        return value
+
+    @field_validator("mtp_hybrid_pattern")
+    @classmethod
+    def _mtp_symbols(cls, value: str | None) -> str | None:
+        if value is not None and (bad := sorted({c for c in value if c not in HYBRID_SYMBOLS})):
+            raise ValueError(
+                f"unknown layer symbol {bad[0]!r}; allowed: {', '.join(HYBRID_SYMBOLS)}"
+            )
+        if value == "":
+            raise ValueError("must not be empty (None: no multi-token prediction block)")
         return value
 
     @field_validator("mamba_num_groups")
@@ -113,6 +164,12 @@ class HybridFields(TransformerFields):
                                  "without Mamba layers (M) in hybrid_pattern")  # fmt: skip
 
     # ------------------------------------------------------------ derived
+    @property
+    def expert_hidden_size(self) -> int:
+        """The width the routed experts read and write and the dispatch carries:
+        ``moe_latent_size`` under LatentMoE, else ``hidden_size``."""
+        return self.moe_latent_size or self.hidden_size
+
     @property
     def is_hybrid(self) -> bool:
         """Whether the layers follow a hybrid pattern (module docstring)."""
@@ -146,17 +203,24 @@ class HybridFields(TransformerFields):
         return self.hybrid_pattern[layer]
 
 
-def check_hybrid_layers(m: ModelSpec) -> None:
+def check_hybrid_layers(m: _HybridModel) -> None:
     """The rules a hybrid pattern adds (see :mod:`pipette_cp.specs.model_hybrid`)."""
-    pattern = m.hybrid_pattern or ""
-    if "E" in pattern and not m.is_moe:
+    pattern, mtp = m.hybrid_pattern or "", m.mtp_hybrid_pattern
+    if mtp is not None and not m.mtp_layers:
+        raise ValueError(f"mtp_hybrid_pattern={mtp!r} without mtp_layers")
+    if m.mtp_layers and mtp is None:
+        raise ValueError(f"mtp_layers={m.mtp_layers}: a hybrid model's multi-token prediction "
+                         "block needs mtp_hybrid_pattern (e.g. '*E')")  # fmt: skip
+    if "M" in (mtp or ""):
+        raise ValueError(f"mtp_hybrid_pattern={mtp!r}: Mamba layers in the multi-token "
+                         "prediction block are not modelled")  # fmt: skip
+    if "E" in pattern + (mtp or "") and not m.is_moe:
         raise ValueError("hybrid_pattern has mixture-of-experts layers (E): give num_experts > 1")
     if m.is_moe and "E" not in pattern:
         raise ValueError(f"num_experts={m.num_experts} but hybrid_pattern has no E layer")
     rules = {
         "first_k_dense_layers": m.first_k_dense_layers == 0,
         "moe_layer_freq": m.moe_layer_freq == 1,
-        "mtp_layers": m.mtp_layers == 0,
         "kv_lora_rank": m.kv_lora_rank is None,
         "linear_bias": not m.linear_bias,
         "post_sublayer_norm": not m.post_sublayer_norm,
@@ -164,5 +228,18 @@ def check_hybrid_layers(m: ModelSpec) -> None:
     for name, ok in rules.items():
         if not ok:
             raise ValueError(f"{name}={getattr(m, name)} is not modelled with a hybrid_pattern "
-                             "(the pattern places the layers; hybrid layers have no biases, "
-                             "latent attention or multi-token prediction here)")  # fmt: skip
+                             "(the pattern places the layers; hybrid layers have no biases "
+                             "or latent attention here)")  # fmt: skip
+
+
+def check_latent_moe(m: _HybridModel) -> None:
+    """LatentMoE needs experts and a latent narrower than the hidden width; a hybrid
+    multi-token prediction block needs a hybrid model."""
+    latent = m.moe_latent_size
+    if latent is not None and not m.is_moe:
+        raise ValueError(f"moe_latent_size={latent}: LatentMoE needs num_experts > 1")
+    if latent is not None and latent >= m.hidden_size:
+        raise ValueError(f"moe_latent_size={latent} must be below hidden_size={m.hidden_size} "
+                         "(the latent projection narrows the routed tokens)")  # fmt: skip
+    if m.mtp_hybrid_pattern is not None and m.hybrid_pattern is None:
+        raise ValueError(f"mtp_hybrid_pattern={m.mtp_hybrid_pattern!r} needs a hybrid_pattern")

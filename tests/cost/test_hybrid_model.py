@@ -168,3 +168,71 @@ def test_split_solver_claims_no_optimum_and_returns_a_fitting_split() -> None:
     ev = Evaluator(inst, validate=False)
     assert result.objective_s == pytest.approx(ev.iteration_time(solved))
     assert result.objective_s <= ev.iteration_time(plan) * (1 + 1e-12)  # the even split
+
+
+# ------------------------------------------------------------ LatentMoE, hybrid MTP
+LATENT = SMALL.model_copy(update={"moe_latent_size": 128})
+
+
+def test_nemotron_3_super_parameters_match_the_model_card() -> None:
+    from pipette_cp.io.model_file import load_model
+
+    sup = load_model("nemotron-3-super")
+    bare = ModelSpec.model_validate(
+        sup.model_dump() | {"mtp_layers": 0, "mtp_hybrid_pattern": None}
+    )
+    # NVIDIA's "120B-A12B" (the multi-token prediction blocks not counted)
+    assert bare.total_params == pytest.approx(120e9, rel=0.01)
+    assert bare.active_params - bare.embedding_params - bare.output_params == pytest.approx(
+        12e9, rel=0.03
+    )
+    # each block: attention and a LatentMoE sublayer, eh_proj and three norms
+    h = sup.hidden_size
+    block = sup.hybrid_layer_params("*") + sup.hybrid_layer_params("E") + 2 * h * h + 3 * h
+    assert sup.total_params - bare.total_params == 2 * block
+
+
+def test_latent_moe_narrows_the_experts_and_the_dispatch() -> None:
+    from pipette_cp.cost.compute.layer_work import expert_gemms, latent_gemms
+    from pipette_cp.cost.workload.tokens import dispatch_bytes
+
+    plan = make_plan(num_layers=8, dp=4, pp=1, tp=1, ep=4, micro_batch_size=1)
+    training = TrainingSpec(global_batch_size=16, seq_length=2048)
+    assert dispatch_bytes(LATENT, training, plan) == pytest.approx(
+        dispatch_bytes(SMALL, training, plan) * 128 / 512)  # fmt: skip
+    fc1, fc2 = expert_gemms(LATENT, training, plan)
+    assert fc1.k == 128 and fc2.n == 128
+    down, up = latent_gemms(LATENT, training, plan)
+    assert (down.n, down.k, up.n, up.k) == (128, 512, 512, 128)
+    # experts of width w over the latent, and the two projections
+    width = SMALL.expert_width
+    assert LATENT.expert_params == 2 * 128 * width
+    moe = LATENT.hybrid_layer_params("E") - SMALL.hybrid_layer_params("E")
+    assert moe == 8 * 2 * width * (128 - 512) + 2 * 512 * 128
+
+
+def test_hybrid_mtp_block_is_its_pattern() -> None:
+    with_mtp = SMALL.model_copy(update={"mtp_layers": 1, "mtp_hybrid_pattern": "*E"})
+    with_mtp = ModelSpec.model_validate(with_mtp.model_dump())
+    inst = instance(with_mtp)
+    plan = make_plan(num_layers=8, dp=4, pp=2, tp=1, ep=4, micro_batch_size=1)
+    gpu = resolve_gpu("h100-sxm")
+    extra = chunk_times(with_mtp, inst.training, gpu, plan, 300 * GB).forward_s[-1]
+    extra -= chunk_times(SMALL, inst.training, gpu, plan, 300 * GB).forward_s[-1]
+    block = sum(layer_times(SMALL, inst.training, gpu, plan, 300 * GB, symbol=k).forward_s
+                for k in "*E")  # fmt: skip
+    assert extra > block  # the block, eh_proj, norms and the extra head
+    params = stage_param_split(with_mtp, plan, 1)[0] - stage_param_split(SMALL, plan, 1)[0]
+    assert params > SMALL.hybrid_layer_params("*")
+
+
+@pytest.mark.parametrize(
+    ("update", "message"),
+    [({"moe_latent_size": 512}, "below hidden_size"),
+     ({"mtp_layers": 1}, "needs mtp_hybrid_pattern"),
+     ({"mtp_layers": 1, "mtp_hybrid_pattern": "M"}, "Mamba layers in the multi-token"),
+     ({"mtp_hybrid_pattern": "*E"}, "without mtp_layers")],
+)  # fmt: skip
+def test_latent_and_mtp_rules(update: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ModelSpec.model_validate(SMALL.model_dump() | update)

@@ -66,7 +66,15 @@ REQUIRED_BUNDLED = {
     "grok-1",
 }
 #: The bundled mixture-of-experts models.
-MOE_BUNDLED = {"mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "grok-1"}
+MOE_BUNDLED = {
+    "nemotron-3-nano",
+    "nemotron-3-super",
+    "mixtral-8x7b",
+    "qwen3-30b-a3b",
+    "qwen3-235b-a22b",
+    "deepseek-v3",
+    "grok-1",
+}
 
 
 def _fixture(name: str) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from pipette_cp.cost.compute.layer_work import (
     LayerWork,
     attention_gemms,
     layer_work,
+    moe_mlp_cast_elements,
 )
 from pipette_cp.cost.stack.kernels import (
     activation_bytes,
@@ -36,7 +37,6 @@ from pipette_cp.cost.workload.flops import (
     ssd_gemms,
 )
 from pipette_cp.cost.workload.latent_attention import attention_cast_elements, rope_elements
-from pipette_cp.cost.workload.tokens import expert_tokens, local_experts
 from pipette_cp.errors import LayoutError
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
@@ -142,12 +142,7 @@ def hybrid_cast_bytes(
         forward, backward = tokens * (hidden + f / t), tokens * (n1 * f / t + hidden)
         weights = (n1 + 1) * f * h / t
     elif symbol == "E":
-        shared, width, etp = model.shared_expert_width, model.expert_width, plan.expert_tp
-        copies = expert_tokens(model, training, plan)
-        forward = copies * (h + width / etp) + (tokens * (hidden + shared / t) if shared else 0.0)
-        backward = copies * (n1 * width / etp + h)
-        backward += tokens * (n1 * shared / t + hidden) if shared else 0.0
-        weights = (n1 + 1) * (shared * h / t + local_experts(model, plan) * width * h / etp)
+        forward, backward, weights = moe_mlp_cast_elements(model, training, plan)
     else:
         inner, width = model.mamba_inner, model.mamba_in_proj_width
         forward = tokens * (hidden + inner / t)

@@ -39,9 +39,8 @@ from dataclasses import dataclass
 
 from pipette_cp.cost.compute.context_ring import per_rank_training
 from pipette_cp.cost.stack.kernels import (
-    FP8_CAST_BYTES,
     activation_bytes,
-    fp8_recipe,
+    cast_bytes_per_element,
     keeps_quantized_tensors,
     norm_bytes,
     quantization_cast_bytes,
@@ -139,7 +138,7 @@ def expert_rows(model: ModelSpec, training: TrainingSpec, plan: Plan) -> int:
 def expert_gemms(model: ModelSpec, training: TrainingSpec, plan: Plan) -> tuple[Gemm, ...]:
     """Forward GEMMs of the local routed experts: one grouped FC1 and FC2 (batched over
     the local experts) or, without ``moe_grouped_gemm``, FC1 and FC2 per expert."""
-    h, width, etp = model.hidden_size, model.expert_width, plan.expert_tp
+    h, width, etp = model.expert_hidden_size, model.expert_width, plan.expert_tp  # LatentMoE
     rows, local = expert_rows(model, training, plan), local_experts(model, plan)
     fc1_n, fc2_k = fc1_factor(model) * width // etp, width // etp
     if training.moe_grouped_gemm:
@@ -148,6 +147,17 @@ def expert_gemms(model: ModelSpec, training: TrainingSpec, plan: Plan) -> tuple[
             Gemm("expert_fc2", rows, h, fc2_k, local),
         )
     return (Gemm("expert_fc1", rows, fc1_n, h), Gemm("expert_fc2", rows, h, fc2_k)) * local
+
+
+def latent_gemms(model: ModelSpec, training: TrainingSpec, plan: Plan) -> tuple[Gemm, ...]:
+    """LatentMoE's projections of the GPU's routed tokens, down to the latent before the
+    dispatch and back up after the combine (weights whole on every tensor-parallel rank,
+    an assumption); none without a latent."""
+    latent, h = model.moe_latent_size, model.hidden_size
+    if not latent:
+        return ()
+    routed = math.ceil(rank_tokens(training, plan))
+    return Gemm("latent_down", routed, latent, h), Gemm("latent_up", routed, h, latent)
 
 
 def shared_gemms(model: ModelSpec, training: TrainingSpec, plan: Plan) -> tuple[Gemm, ...]:
@@ -186,20 +196,24 @@ def layer_work(model: ModelSpec, training: TrainingSpec, plan: Plan, moe: bool) 
     per_logit = ROUTER_BYTES_PER_LOGIT
     per_logit += AUX_LOSS_BYTES_PER_LOGIT if model.moe_router_aux_loss_coeff else 0.0
     per_logit += Z_LOSS_BYTES_PER_LOGIT if model.moe_z_loss_coeff else 0.0
-    # permute before dispatch and unpermute after combine: read + write every copy
-    permute = 2.0 * 2.0 * routed * model.moe_top_k * h * elem
+    # permute before dispatch and unpermute after combine: read + write every copy (of
+    # the latent width under LatentMoE)
+    permute = 2.0 * 2.0 * routed * model.moe_top_k * model.expert_hidden_size * elem
     # the gate: a GEMV reading the input, then the output scaled (read + write)
     gate = 3.0 * routed * h * elem if model.shared_expert_gate else 0.0
     activation = copies * model.expert_width / plan.expert_tp
     activation += tokens * model.shared_expert_width / t
     moved = _elementwise_forward_bytes(model, training, plan, activation)
-    mlp = expert_gemms(model, training, plan) + shared_gemms(model, training, plan)
+    mlp = latent_gemms(model, training, plan) + expert_gemms(model, training, plan)
+    mlp += shared_gemms(model, training, plan)
     return LayerWork(
         gemms=attention_gemms(model, training, plan) + mlp,
         router=Gemm("router", math.ceil(routed), model.num_experts, h),
         elementwise_bytes=moved + logits * per_logit + permute + gate,
         activation_collectives=4 if model.shared_expert_width else 2,
-        expert_collective_bytes=copies * h * elem if plan.expert_tp > 1 else 0.0,
+        expert_collective_bytes=copies * model.expert_hidden_size * elem
+        if plan.expert_tp > 1
+        else 0.0,
         mlp_elementwise_bytes=(
             logits * per_logit + permute + gate + activation * activation_bytes(model, training)
         ),
@@ -209,31 +223,50 @@ def layer_work(model: ModelSpec, training: TrainingSpec, plan: Plan, moe: bool) 
 def layer_cast_bytes(
     model: ModelSpec, training: TrainingSpec, plan: Plan, moe: bool
 ) -> tuple[float, float]:
-    """HBM bytes of one layer's casts to FP8, (forward, backward).  Dense:
-    :func:`pipette_cp.cost.stack.kernels.quantization_cast_bytes` over a context-parallel rank's
-    tokens.  MoE, counted alike: the inputs of QKV, projection, the shared FC1/FC2 and
-    the routed FC1/FC2 (``X`` rows) in forward, their output gradients in backward;
-    without FP8 weight copies (torchao) also every local weight each way.  The router
-    stays bf16 (no cast)."""
+    """HBM bytes of one layer's casts to FP8 or NVFP4, (forward, backward).  Dense:
+    :func:`pipette_cp.cost.stack.kernels.quantization_cast_bytes` over a context-parallel
+    rank's tokens.  MoE, counted alike: the inputs of QKV, projection and the MLP's
+    (:func:`moe_mlp_cast_elements`) in forward, their output gradients in backward;
+    without kept quantised weights (torchao) also every local weight each way.  The
+    router stays bf16 (no cast)."""
     if not moe:
         return quantization_cast_bytes(model, per_rank_training(training, plan), plan)
     tokens = training.seq_length * plan.micro_batch_size // plan.cp
-    h, t, etp = model.hidden_size, plan.tp, plan.expert_tp
+    attn_fwd, attn_bwd, attn_weights = attention_cast_elements(model, tokens, plan)
+    mlp_fwd, mlp_bwd, mlp_weights = moe_mlp_cast_elements(model, training, plan)
+    forward, backward = attn_fwd + mlp_fwd, attn_bwd + mlp_bwd
+    if not keeps_quantized_tensors(training):
+        weights = attn_weights + mlp_weights
+        forward, backward = forward + weights, backward + weights
+    per_element = cast_bytes_per_element(training)
+    return forward * per_element, backward * per_element
+
+
+def moe_mlp_cast_elements(
+    model: ModelSpec, training: TrainingSpec, plan: Plan
+) -> tuple[float, float, float]:
+    """Elements the casts of one MoE MLP touch on one GPU, (forward inputs, backward output
+    gradients, weights): the routed FC1/FC2 over ``X`` rows of the experts' width (the
+    latent under LatentMoE), the shared FC1/FC2 over the rank's tokens (their FC1 input
+    before the sequence-parallel all-gather) and LatentMoE's projections over the routed
+    tokens."""
+    tokens = training.seq_length * plan.micro_batch_size // plan.cp
+    h, e, t, etp = model.hidden_size, model.expert_hidden_size, plan.tp, plan.expert_tp
     shared, width, n1 = model.shared_expert_width, model.expert_width, fc1_factor(model)
     copies = expert_tokens(model, training, plan)
     hidden = h / t if plan.sequence_parallel else float(h)
-    attn_fwd, attn_bwd, attn_weights = attention_cast_elements(model, tokens, plan)
-    forward = attn_fwd + copies * (h + width / etp)
-    backward = attn_bwd + copies * (n1 * width / etp + h)
+    forward = copies * (e + width / etp)
+    backward = copies * (n1 * width / etp + e)
+    weights = local_experts(model, plan) * (n1 + 1) * width * e / etp
     if shared:
         forward += tokens * (hidden + shared / t)
         backward += tokens * (n1 * shared / t + hidden)
-    if not keeps_quantized_tensors(training):
-        weights = attn_weights + (n1 + 1) * shared * h / t
-        weights += local_experts(model, plan) * (n1 + 1) * width * h / etp
-        forward, backward = forward + weights, backward + weights
-    per_element = FP8_CAST_BYTES[fp8_recipe(training)]
-    return forward * per_element, backward * per_element
+        weights += (n1 + 1) * shared * h / t
+    if latent := model.moe_latent_size:
+        routed = rank_tokens(training, plan)
+        forward, backward = forward + routed * (h + latent), backward + routed * (latent + h)
+        weights += 2 * h * latent
+    return forward, backward, weights
 
 
 def attention_gemms(model: ModelSpec, training: TrainingSpec, plan: Plan) -> tuple[Gemm, ...]:

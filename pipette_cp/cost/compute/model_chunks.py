@@ -364,7 +364,7 @@ def chunk_times(
     if model.is_hybrid:  # each symbol's sublayer times its count per chunk
         by_symbol = symbols_by_chunk(model, plan)
         sublayer = {k: analytic(symbol=k) for k in present_symbols(model)}
-        parts = sum(np.outer(astuple(sublayer[k]), by_symbol[k]) for k in sublayer)
+        parts = np.sum([np.outer(astuple(t), by_symbol[k]) for k, t in sublayer.items()], axis=0)
     elif model.is_moe:
         moe = analytic(moe=True)
         n_moe = moe_layers_by_chunk(model, plan)
@@ -374,7 +374,11 @@ def chunk_times(
     parts[:4, 0] += emb  # rows as LayerTimes: fwd, bwd, tp comm fwd/bwd, recompute, cp comm
     parts[:4, -1] += head
     if model.mtp_layers:  # on the last stage (cost.boundary), a block of the last layer's kind
-        block = moe if model.is_moe_layer(model.num_layers - 1) else layer
+        if model.is_hybrid:  # the sublayers of mtp_hybrid_pattern
+            mtp = model.mtp_hybrid_pattern or ""
+            block = LayerTimes(*np.sum([astuple(analytic(symbol=k)) for k in mtp], axis=0))
+        else:
+            block = moe if model.is_moe_layer(model.num_layers - 1) else layer
         mtp_args = (tp_bandwidth_bytes_per_s, cal, astuple(block), (emb, head))
         parts[:, -1] += mtp_times(model, training, gpu, plan, *mtp_args)
     forward, backward, tp_forward, tp_backward, recompute, cp_forward, cp_backward = parts

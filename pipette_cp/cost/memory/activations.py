@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from pipette_cp.cost.memory import moe_activations as memory_moe
 from pipette_cp.cost.memory import recompute as memory_recompute
+from pipette_cp.cost.memory.hybrid_activations import hybrid_kept_bytes
 from pipette_cp.cost.stack.frameworks import resolve_framework
 from pipette_cp.cost.stack.kernels import (
     LOGITS_KEPT_BYTES,
@@ -187,7 +188,12 @@ def last_stage_head_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) 
     shard = plan.tp if plan.sequence_parallel else 1
     if not model.mtp_layers:
         return 4.0 * sbh / shard
-    block = kept_layer_bytes(model, training, plan, model.is_moe_layer(model.num_layers - 1))
+    if model.is_hybrid:  # the sublayers of mtp_hybrid_pattern
+        block = sum(
+            hybrid_kept_bytes(model, training, plan, k) for k in model.mtp_hybrid_pattern or ""
+        )
+    else:
+        block = kept_layer_bytes(model, training, plan, model.is_moe_layer(model.num_layers - 1))
     return 4.0 * sbh / shard + model.mtp_layers * (block + 12.0 * sbh / shard)
 
 

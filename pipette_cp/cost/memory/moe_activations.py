@@ -87,9 +87,21 @@ def expert_activation_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan
     input of every token copy they compute."""
     width = model.expert_width / plan.expert_tp
     per_copy = (
-        _gemm_in(training) * model.hidden_size + _mlp_bytes_per_width(model, training) * width
+        _gemm_in(training) * model.expert_hidden_size
+        + _mlp_bytes_per_width(model, training) * width
     )
     return expert_tokens(model, training, plan) * per_copy
+
+
+def latent_activation_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
+    """LatentMoE's projections: the up-projection's input (the combined latent, a GEMM
+    input) and, under a quantised recipe, the down-projection's quantised copy of the
+    router's input; 0 without a latent."""
+    if not model.moe_latent_size:
+        return 0.0
+    quantized = quantized_bytes(training) if keeps_quantized_tensors(training) else 0.0
+    per_token = _gemm_in(training) * model.moe_latent_size + quantized * model.hidden_size
+    return rank_tokens(training, plan) * per_token
 
 
 def combine_activation_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
@@ -101,7 +113,7 @@ def combine_activation_bytes(model: ModelSpec, training: TrainingSpec, plan: Pla
         copies = expert_tokens(model, training, plan)
     else:
         copies = rank_tokens(training, plan) * model.moe_top_k
-    return 2.0 * model.hidden_size * copies
+    return 2.0 * model.expert_hidden_size * copies
 
 
 def shared_expert_activation_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:
@@ -120,6 +132,7 @@ def moe_mlp_activation_bytes(model: ModelSpec, training: TrainingSpec, plan: Pla
     FC1 input and inner terms: router, experts, combine and shared experts."""
     return (
         router_activation_bytes(model, training, plan)
+        + latent_activation_bytes(model, training, plan)
         + expert_activation_bytes(model, training, plan)
         + combine_activation_bytes(model, training, plan)
         + shared_expert_activation_bytes(model, training, plan)
@@ -140,7 +153,7 @@ def moe_temporary_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) ->
         tokens = routed * plan.ep * plan.expert_tp + computed
     else:
         tokens = routed * model.moe_top_k + 2.0 * computed
-    return tokens * model.hidden_size * elem
+    return tokens * model.expert_hidden_size * elem
 
 
 def cp_temporary_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:

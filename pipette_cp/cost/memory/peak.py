@@ -257,7 +257,7 @@ def _stage(
     # split, count the stage's largest chunk for every unit (err high).
     if model.is_hybrid:  # each symbol's sublayers by chunk (Megatron's virtual-stage order)
         by_symbol, chunks = symbols_by_chunk(model, plan), np.arange(plan.vpp) * plan.pp + stage
-        chunk = sum(by_symbol[k][chunks] * kept for k, kept in shared.symbol_bytes)
+        chunk = np.sum([by_symbol[k][chunks] * kept for k, kept in shared.symbol_bytes], axis=0)
         activations = units * float(np.max(chunk))
     elif model.is_moe:  # dense and MoE layers by chunk (Megatron's virtual-stage order)
         chunk = memory_moe.largest_chunk_bytes(

@@ -67,7 +67,7 @@ def _module_bytes(
         return 0.0
     copies = expert_tokens(model, training, plan)
     if module == "expert_fc1":
-        return copies * model.hidden_size * gemm_in
+        return copies * model.expert_hidden_size * gemm_in
     return copies * 2.0 * fc1_factor(model) * model.expert_width / plan.expert_tp  # moe_act
 
 

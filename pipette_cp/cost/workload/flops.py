@@ -180,7 +180,9 @@ def moe_mlp_active_flops(model: ModelSpec, seq_length: int) -> float:
     s, h = seq_length, model.hidden_size
     per_width = (fc1_factor(model) + 1) * h  # weights per unit of MLP width
     router = 2.0 * s * h * model.num_experts
-    routed = 2.0 * s * model.moe_top_k * model.expert_width * per_width
+    latent = 2.0 * s * 2 * h * (model.moe_latent_size or 0)  # LatentMoE's projections
+    expert_per_width = (fc1_factor(model) + 1) * model.expert_hidden_size
+    routed = 2.0 * s * model.moe_top_k * model.expert_width * expert_per_width + latent
     shared = 2.0 * s * model.shared_expert_width * per_width
     gate = 2.0 * s * h if model.shared_expert_gate else 0.0
     return router + routed + shared + gate
@@ -208,7 +210,11 @@ def mtp_forward_flops(model: ModelSpec, seq_length: int) -> float:
         return 0.0
     s, h = seq_length, model.hidden_size
     last = model.num_layers - 1
-    block = (moe_layer_forward_flops if model.is_moe_layer(last) else layer_forward_flops)(model, s)
+    if model.is_hybrid:  # the sublayers of mtp_hybrid_pattern
+        block = sum(hybrid_forward_flops(model, s, k) for k in model.mtp_hybrid_pattern or "")
+    else:
+        kind = moe_layer_forward_flops if model.is_moe_layer(last) else layer_forward_flops
+        block = kind(model, s)
     return model.mtp_layers * (block + 2.0 * s * 2 * h * h + 2.0 * s * h * model.vocab_size)
 
 
@@ -266,7 +272,7 @@ def hardware_flops_per_iteration(model: ModelSpec, training: TrainingSpec, plan:
 #: redo element-wise kernels only.
 MODULE_GEMMS: dict[str, tuple[str, ...]] = {
     "mlp": ("fc1", "fc2"),
-    "moe": ("expert_fc1", "expert_fc2", "shared_fc1", "shared_fc2"),
+    "moe": ("expert_fc1", "expert_fc2", "shared_fc1", "shared_fc2", "latent_down", "latent_up"),
     "shared_experts": ("shared_fc1", "shared_fc2"),
     "mla_up_proj": ("q_up", "kv_up"),
 }

@@ -81,11 +81,9 @@ def hybrid_param_split(model: ModelSpec, plan: Plan, symbol: str) -> tuple[float
     t, h = plan.tp, model.hidden_size
     pre_norm = counts.norm(model, h)
     if symbol == "E":
-        shared = model.shared_expert_params
-        experts = (
-            local_experts(model, plan) * counts.mlp(model, model.expert_width) / plan.expert_tp
-        )
-        return pre_norm + model.router_params + shared / t, experts
+        shared, latent = model.shared_expert_params, counts.latent_projections(model)
+        experts = local_experts(model, plan) * model.expert_params / plan.expert_tp
+        return pre_norm + model.router_params + latent + shared / t, experts
     body = model.hybrid_layer_params(symbol) - pre_norm
     return pre_norm + body / t, 0.0
 
@@ -100,5 +98,6 @@ def hybrid_gemm_params_per_gpu(model: ModelSpec, plan: Plan, symbol: str) -> flo
     per_width = (fc1_factor(model) + 1) * h
     if symbol == "-":
         return model.ffn_hidden_size * per_width / t
-    routed = local_experts(model, plan) * model.expert_width * per_width / plan.expert_tp
-    return model.shared_expert_width * per_width / t + routed
+    latent_width = (fc1_factor(model) + 1) * model.expert_hidden_size
+    routed = local_experts(model, plan) * model.expert_width * latent_width / plan.expert_tp
+    return model.shared_expert_width * per_width / t + routed + counts.latent_projections(model)

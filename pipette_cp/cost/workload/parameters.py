@@ -102,7 +102,8 @@ def moe_layer_param_split(model: ModelSpec, plan: Plan) -> tuple[float, float]:
     gate = h if model.shared_expert_gate else 0
     replicated = _replicated_attention_params(model) + (h if bias and shared else 0)
     split = model.attention_params + counts.block_norms(model) + model.shared_expert_params - gate
-    dense = (split - replicated) / plan.tp + replicated + gate + model.router_params
+    latent = counts.latent_projections(model)  # LatentMoE's, replicated like the router
+    dense = (split - replicated) / plan.tp + replicated + gate + model.router_params + latent
     fc2_bias = h if bias else 0
     expert = (model.expert_params - fc2_bias) / plan.expert_tp + fc2_bias
     return dense, local_experts(model, plan) * expert
@@ -135,9 +136,9 @@ def largest_layer_params_per_gpu(model: ModelSpec, plan: Plan) -> float:
     return max(dense, sum(moe_layer_param_split(model, plan)))
 
 
-def _mlp_gemm(model: ModelSpec, width: int) -> int:
-    fc1 = (2 if model.activation == "swiglu" else 1) * width
-    return model.hidden_size * fc1 + width * model.hidden_size
+def _mlp_gemm(model: ModelSpec, width: int, hidden: int | None = None) -> int:
+    fc1, h = (2 if model.activation == "swiglu" else 1) * width, hidden or model.hidden_size
+    return h * fc1 + width * h
 
 
 def layer_gemm_params_per_gpu(model: ModelSpec, tp: int) -> float:
@@ -153,8 +154,9 @@ def moe_layer_gemm_params_per_gpu(model: ModelSpec, plan: Plan) -> float:
     :func:`layer_gemm_params_per_gpu`) and the shared experts over tp, the local experts
     over etp (the router stays in bf16)."""
     shared = _mlp_gemm(model, model.shared_expert_width) if model.num_shared_experts else 0
-    experts = local_experts(model, plan) * _mlp_gemm(model, model.expert_width)
-    attention = attention_weight_elements(model, plan.tp)
+    experts = local_experts(model, plan) * _mlp_gemm(model, model.expert_width,
+                                                     model.expert_hidden_size)  # fmt: skip
+    attention = attention_weight_elements(model, plan.tp) + counts.latent_projections(model)
     return attention + shared / plan.tp + experts / plan.expert_tp
 
 
@@ -219,7 +221,10 @@ def mtp_param_split(model: ModelSpec, plan: Plan, stage: int) -> tuple[float, fl
     if not model.mtp_layers or stage != plan.pp - 1:
         return 0.0, 0.0
     h, t = model.hidden_size, plan.tp
-    if model.is_moe_layer(model.num_layers - 1):
+    if model.is_hybrid:  # the sublayers of mtp_hybrid_pattern
+        parts = [hybrid_param_split(model, plan, k) for k in model.mtp_hybrid_pattern or ""]
+        dense, experts = sum(p[0] for p in parts), sum(p[1] for p in parts)
+    elif model.is_moe_layer(model.num_layers - 1):
         dense, experts = moe_layer_param_split(model, plan)
     else:
         dense, experts = _dense_layer_params(model, t), 0.0

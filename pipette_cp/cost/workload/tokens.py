@@ -67,7 +67,7 @@ def dispatch_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> floa
     if plan.ep == 1:
         return 0.0
     elem = BYTES_PER_ELEMENT[training.precision]
-    copies = rank_tokens(training, plan) * model.moe_top_k * model.hidden_size * elem
+    copies = rank_tokens(training, plan) * model.moe_top_k * model.expert_hidden_size * elem
     skew = 1.0 if model.moe_capacity_factor is not None else training.moe_load_imbalance
     return copies / plan.ep * skew
 
@@ -91,7 +91,7 @@ def _moe_by_chunk(
     index = np.arange(max(layers, int(ends[-1]) if len(ends) else 0))
     moe = is_moe & (index >= first) & ((index - first) % freq == 0)
     if hybrid is not None:  # the E layers (a probe beyond the pattern repeats its last)
-        moe = np.array([hybrid[min(i, len(hybrid) - 1)] == "E" for i in index])
+        moe = np.array([hybrid[min(int(i), len(hybrid) - 1)] == "E" for i in index])
     prefix = np.concatenate(([0.0], np.cumsum(moe, dtype=float)))
     out = prefix[ends] - prefix[starts]
     out.flags.writeable = False

@@ -5,7 +5,9 @@ epsilon, RoPE base and scaling, biases, tying, dropout), and only for the decode
 families whose parameter counts ModelSpec reproduces: the dense Llama, Mistral, Qwen2,
 Qwen3, GPT-2 and GPT-NeoX (:mod:`pipette_cp.io.huggingface.dense`) and the mixture-of-experts
 Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3, Llama 4 and gpt-oss
-(:mod:`pipette_cp.io.huggingface.moe`).  Anything else, Gemma included, is refused with
+(:mod:`pipette_cp.io.huggingface.moe`), and the hybrid Mamba-Transformer Nemotron-H and
+Nemotron 3 (:mod:`pipette_cp.io.huggingface.hybrid`).  Anything else, Gemma, Jamba and
+the pure Mamba families included, is refused with
 :class:`UnsupportedError` rather than guessed.  Every error names the file and the
 config.json key, e.g. ``config.json: hidden_size=None: missing; required in a 'llama'
 config``.
@@ -21,6 +23,7 @@ from typing import Any
 from pipette_cp.errors import SpecError, UnsupportedError
 from pipette_cp.io.files import read_mapping
 from pipette_cp.io.huggingface import dense as hf_dense
+from pipette_cp.io.huggingface import hybrid as hf_hybrid
 from pipette_cp.io.huggingface import moe as hf_moe
 from pipette_cp.io.huggingface.reader import MOE_KEYS, Reader
 from pipette_cp.specs import ModelSpec, validate_spec
@@ -42,6 +45,7 @@ ARCHITECTURE_TYPES: dict[str, str] = {
     "Llama4ForConditionalGeneration": "llama4",
     "Llama4ForCausalLM": "llama4_text",
     "GptOssForCausalLM": "gpt_oss",
+    "NemotronHForCausalLM": "nemotron_h",
     "GPT2LMHeadModel": "gpt2",
     "GPTNeoXForCausalLM": "gpt_neox",
     "GemmaForCausalLM": "gemma",
@@ -96,6 +100,7 @@ _PARSERS: dict[str, Callable[[Reader], dict[str, Any]]] = {
     "llama4": hf_moe.llama4,
     "llama4_text": hf_moe.llama4,
     "gpt_oss": hf_moe.gpt_oss,
+    "nemotron_h": hf_hybrid.nemotron_h,
 }
 #: The families that are not mixture-of-experts: a MoE key in them is refused.
 _DENSE_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gpt2", "gpt_neox"})

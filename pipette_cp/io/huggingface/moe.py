@@ -190,8 +190,6 @@ REFUSED: dict[str, str] = {
     "(rope_local_base_freq) are not modelled",
     "gemma3_text": "Gemma 3's GeGLU MLP and its sliding-window layers with their own RoPE base "
     "(rope_local_base_freq) are not modelled",
-    "nemotron_h": "Nemotron-H's hybrid Mamba-2 / attention / MLP layers "
-    "(hybrid_override_pattern) are not modelled",
     "mamba": "Mamba's state-space layers are not modelled",
     "mamba2": "Mamba-2's state-space layers are not modelled",
     "jamba": "Jamba's hybrid Mamba / attention layers are not modelled",

@@ -47,7 +47,8 @@ checked by hand at the same commit; those of context and expert parallelism foll
   ``--moe-aux-loss-coeff`` values as load-balancing types.
 
 ``--moe-layer-freq`` (type ``moe_freq_type``) is parsed as Megatron does
-(:func:`pipette_cp.report.megatron.moe_flags.parse_layer_pattern`).
+(:func:`pipette_cp.report.megatron.moe_flags.parse_layer_pattern`); the rules of a
+``--hybrid-layer-pattern`` are :func:`pipette_cp.report.megatron.hybrid_flags.check_hybrid_argv`.
 
 Every failure is one :class:`~pipette_cp.errors.SpecError` naming the option and
 its value.
@@ -64,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from pipette_cp.errors import SpecError
+from pipette_cp.report.megatron.hybrid_flags import check_hybrid_argv
 from pipette_cp.report.megatron.moe_flags import parse_layer_pattern
 
 #: The Megatron-LM commit the table was read at.
@@ -264,6 +266,7 @@ def check_megatron_argv(
         raise SpecError("--tp-comm-overlap", True, "needs --sequence-parallel (and tp > 1)")
     _check_sizes(given, world_size)
     _check_experts(given)
+    check_hybrid_argv(given)
     if env is not None:
         _check_connections(given, env, tp, before_blackwell)
     return given

@@ -8,9 +8,10 @@ checked against that parser's table by :mod:`pipette_cp.report.megatron.check`.
 The flags describe the whole modelled network (widths, heads and query groups,
 norm and its epsilon, activation, positions with the RoPE base, fraction and
 scaling, biases, tying, dropout; latent attention, experts and multi-token
-prediction from :mod:`pipette_cp.report.megatron.moe_flags`) and the plan (parallel
-sizes, context and expert parallelism included, batch, the interleaving or the
-layer split, recomputation, sharding, kernels).  None of them needs the cost
+prediction from :mod:`pipette_cp.report.megatron.moe_flags`; the layer pattern of hybrid
+Mamba-Transformer models from :mod:`pipette_cp.report.megatron.hybrid_flags`) and the
+plan (parallel sizes, context and expert parallelism included, batch, the interleaving
+or the layer split, recomputation, sharding, kernels).  None of them needs the cost
 model: only :func:`check_export`'s memory check evaluates the plan.  What the
 model spec does not fix is left to the user and said in
 :func:`megatron_notes`: data, tokenizer (hence the vocabulary), optimizer
@@ -25,6 +26,15 @@ from pipette_cp.cost.evaluator.evaluate import evaluate
 from pipette_cp.cost.stack.kernels import attention_kernel, fp8_format, fp8_recipe
 from pipette_cp.errors import LayoutError, SpecError, UnsupportedError
 from pipette_cp.report.megatron.check import argument_table, check_megatron_argv
+from pipette_cp.report.megatron.environment import (
+    before_blackwell,
+    megatron_environment,
+)
+from pipette_cp.report.megatron.hybrid_flags import (
+    hybrid_model_flags,
+    hybrid_notes,
+    hybrid_split_flags,
+)
 from pipette_cp.report.megatron.moe_flags import architecture_flags, moe_notes, parallel_flags
 from pipette_cp.solvers.split import megatron_split_args
 from pipette_cp.specs import Instance, Plan
@@ -37,7 +47,7 @@ Flag = tuple[str, str | None]
 #: Megatron's names of the normalisation layers (``--normalization`` choices).
 _NORM = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
 #: Megatron's names of the position embeddings (``--position-embedding-type``).
-_POSITIONS = {"learned": "learned_absolute", "rope": "rope"}
+_POSITIONS = {"learned": "learned_absolute", "rope": "rope", "none": "none"}
 #: The flag that fixes the virtual stages of an uneven interleaved split.
 LAYOUT_FLAG = "--pipeline-model-parallel-layout"
 
@@ -59,7 +69,8 @@ def _render(flags: list[Flag]) -> list[str]:
 
 def model_flags(instance: Instance) -> list[Flag]:
     """The network: widths, heads, positions, norm, activation, biases, tying, latent
-    attention, experts, multi-token prediction, dropout.
+    attention, experts, multi-token prediction, dropout; a hybrid model's layer specs
+    and Mamba widths instead of ``--num-layers`` (its :func:`split_flags` give the layers).
 
     Raises
     ------
@@ -72,10 +83,10 @@ def model_flags(instance: Instance) -> list[Flag]:
         raise UnsupportedError(
             "model.position_embedding",
             m.position_embedding,
-            "Megatron-LM has no such position embedding (learned or rope only)",
+            "Megatron-LM has no such position embedding (learned, rope or none only)",
         )
-    flags: list[Flag] = [
-        ("--num-layers", str(m.num_layers)),
+    flags: list[Flag] = [] if m.is_hybrid else [("--num-layers", str(m.num_layers))]
+    flags += [
         ("--hidden-size", str(m.hidden_size)),
         ("--ffn-hidden-size", str(m.ffn_hidden_size)),
         ("--num-attention-heads", str(m.num_attention_heads)),
@@ -99,8 +110,8 @@ def model_flags(instance: Instance) -> list[Flag]:
                 ("--rope-scaling-factor", repr(float(m.rope_scaling_factor))),
             ]
     flags += [("--normalization", _NORM[m.norm]), ("--norm-epsilon", repr(m.norm_epsilon))]
-    if m.activation == "swiglu":
-        flags.append(("--swiglu", None))
+    if m.activation in ("swiglu", "squared_relu"):
+        flags.append((f"--{m.activation.replace('_', '-')}", None))
     if not m.linear_bias:
         flags.append(("--disable-bias-linear", None))
         if m.qkv_bias:
@@ -110,6 +121,7 @@ def model_flags(instance: Instance) -> list[Flag]:
     if not m.tied_embeddings:
         flags.append(("--untie-embeddings-and-output-weights", None))
     flags += architecture_flags(instance)  # latent attention, experts, MTP (dense: none)
+    flags += hybrid_model_flags(m)  # layer specs, Mamba widths (no pattern: none)
     attention, hidden = dropouts(instance)
     flags += [("--attention-dropout", repr(attention)), ("--hidden-dropout", repr(hidden))]
     flags += [*precision_flags(instance), ("--optimizer", t.optimizer)]
@@ -158,7 +170,10 @@ def dropouts(instance: Instance) -> tuple[float, float]:
 def split_flags(instance: Instance, plan: Plan) -> list[Flag]:
     """The layer split (:func:`pipette_cp.solvers.split.megatron_split_args`) and the
     interleaving: ``--num-virtual-stages-per-pipeline-rank`` unless the layout string
-    already fixes the virtual stages (Megatron takes at most one of the two)."""
+    already fixes the virtual stages (Megatron takes at most one of the two); for a
+    hybrid model its pattern, one segment per virtual stage, which gives both."""
+    if instance.model.is_hybrid:
+        return hybrid_split_flags(instance, plan)
     tokens = megatron_split_args(plan, instance.model.num_layers)
     flags: list[Flag] = list(zip(tokens[::2], tokens[1::2], strict=True))
     if plan.vpp > 1 and not any(flag == LAYOUT_FLAG for flag, _ in flags):
@@ -168,7 +183,10 @@ def split_flags(instance: Instance, plan: Plan) -> list[Flag]:
 
 def split_args(instance: Instance, plan: Plan) -> list[str]:
     """The split flags of :func:`pipette_cp.solvers.split.megatron_split_args`, one
-    ``"--flag value"`` string each (the layout string quoted for the shell)."""
+    ``"--flag value"`` string each (the layout string quoted for the shell); a hybrid
+    model's pattern (:func:`split_flags`)."""
+    if instance.model.is_hybrid:
+        return _render(split_flags(instance, plan))
     tokens = megatron_split_args(plan, instance.model.num_layers)
     return _render(list(zip(tokens[::2], tokens[1::2], strict=True)))
 
@@ -181,7 +199,7 @@ def megatron_notes(instance: Instance, plan: Plan) -> list[str]:
         f"pipette-cp plan {plan.layout()}, layers per virtual stage: "
         + " ".join(map(str, plan.layer_split))
     ]
-    if plan.vpp > 1 and len(set(plan.layer_split)) == 1:  # the only split it builds
+    if plan.vpp > 1 and len(set(plan.layer_split)) == 1 and not m.is_hybrid:
         notes.append(
             "older Megatron-LM: --num-layers-per-virtual-pipeline-stage "
             f"{plan.layer_split[0]} instead of --num-virtual-stages-per-pipeline-rank"
@@ -230,7 +248,7 @@ def megatron_notes(instance: Instance, plan: Plan) -> list[str]:
             "--first-last-layers-bf16 would change what was costed (FP8 primary weights, "
             "--fp8-param-gather, are a knob of the plan)"
         )
-    return notes + moe_notes(instance, plan)
+    return notes + moe_notes(instance, plan) + hybrid_notes(instance, plan)
 
 
 def _parallelism(plan: Plan) -> str:
@@ -318,43 +336,6 @@ def megatron_argv(instance: Instance, plan: Plan) -> list[str]:
     """:func:`megatron_flags` as the argument vector the training script receives."""
     return [token for flag, value in megatron_flags(instance, plan)
             for token in (flag, *(() if value is None else _values(flag, value)))]  # fmt: skip
-
-
-def uses_fsdp(plan: Plan) -> bool:
-    """Whether the plan runs Megatron FSDP (``--use-megatron-fsdp``)."""
-    return plan.sharding in ("optim_grads", "optim_grads_params")
-
-
-def before_blackwell(instance: Instance) -> bool:
-    """Whether some node's GPU predates Blackwell: CUDA compute capability < 10, from its
-    ``architecture``; an AMD or unknown architecture (no compute capability) counts as
-    older (the safe side of the rule below)."""
-    cluster = instance.cluster
-    gpus = [cluster.gpu_of_node(n) for n in range(cluster.num_nodes)]
-    return any((gpu.compute_capability or (0, 0)) < (10, 0) for gpu in gpus)
-
-
-def megatron_environment(instance: Instance, plan: Plan) -> dict[str, str | None]:
-    """Environment variables the launcher must set (None: must unset).
-
-    Megatron's ``validate_args`` asserts ``CUDA_DEVICE_MAX_CONNECTIONS=1`` when tensor
-    (or context) parallelism > 1 runs on GPUs before Blackwell, so that one CUDA
-    stream orders the TP communication before the GEMMs it overlaps; with Megatron
-    FSDP it must instead be unset or > 1.  Otherwise nothing is required.
-
-    >>> from pipette_cp.io.instance_file import load_instance
-    >>> from pipette_cp.specs.layouts import make_plan
-    >>> inst = load_instance("gpt3-1.3b-nominal-8")
-    >>> megatron_environment(inst, make_plan(num_layers=24, dp=4, pp=1, tp=2, micro_batch_size=1))
-    {'CUDA_DEVICE_MAX_CONNECTIONS': '1'}
-    >>> megatron_environment(inst, make_plan(num_layers=24, dp=8, pp=1, tp=1, micro_batch_size=1))
-    {}
-    """
-    if uses_fsdp(plan):
-        return {"CUDA_DEVICE_MAX_CONNECTIONS": None}
-    if (plan.tp > 1 or plan.cp > 1) and before_blackwell(instance):
-        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
-    return {}
 
 
 def check_flags(instance: Instance, plan: Plan) -> None:

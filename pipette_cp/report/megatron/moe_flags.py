@@ -16,8 +16,10 @@ d98e8a6); the rules they must obey are checked there.
   ``--expert-tensor-parallel-size`` when the plan gives ``etp`` (Megatron-Core's
   default is tp);
 - experts: ``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``, the
+  latent width of LatentMoE (``--moe-latent-size``), the
   shared experts (``--moe-shared-expert-intermediate-size``, ``--moe-shared-expert-gate``),
-  the dense/MoE layer pattern (``--moe-layer-freq``, see :func:`moe_layer_freq`), the
+  the dense/MoE layer pattern (``--moe-layer-freq``, see :func:`moe_layer_freq`; not for
+  a hybrid model, whose ``--hybrid-layer-pattern`` places its ``E`` layers), the
   router's losses and expert bias, the capacity factor, the token dispatcher and the
   grouped GEMM;
 - latent attention: ``--multi-latent-attention`` with its ranks and head widths,
@@ -155,11 +157,14 @@ def moe_flags(instance: Instance) -> list[Flag]:
         ("--moe-router-topk", str(m.moe_top_k)),
         ("--moe-ffn-hidden-size", str(m.expert_width)),
     ]
+    if m.moe_latent_size is not None:  # LatentMoE (Nemotron 3 Super)
+        flags.append(("--moe-latent-size", str(m.moe_latent_size)))
     if m.num_shared_experts:
         flags.append(("--moe-shared-expert-intermediate-size", str(m.shared_expert_width)))
         if m.shared_expert_gate:
             flags.append(("--moe-shared-expert-gate", None))
-    flags.append(("--moe-layer-freq", moe_layer_freq(m)))
+    if not m.is_hybrid:  # a hybrid pattern places its E layers itself
+        flags.append(("--moe-layer-freq", moe_layer_freq(m)))
     if m.moe_router_aux_loss_coeff > 0:
         flags += [
             ("--moe-router-load-balancing-type", "aux_loss"),

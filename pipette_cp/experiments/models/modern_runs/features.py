@@ -35,8 +35,9 @@ GPU_FAMILIES = {"H100": "H100/H200", "H200": "H100/H200", "B200": "B200/B300",
 #: Report labels of the precisions (FP8 by its scaling recipe).
 PRECISIONS = ("bf16", "fp8-delayed", "fp8-tensorwise", "fp8-blockwise", "mxfp8", "nvfp4",
               "unstated")  # fmt: skip
-#: Model names (lower case, letters and digits only) of the hybrid Mamba-Transformer rows.
-MAMBA_MODELS = ("nemotron3",)
+#: Hybrid Mamba-Transformer rows the models cannot express, by normalised model name
+#: prefix, and why.
+UNPRICED_HYBRIDS = {"nemotron3ultra": "no public configuration of the model"}
 #: Bundled models (``pipette-cp list models``) by normalised row model name; GPT-OSS is
 #: built from its Hugging Face config (:mod:`.build`).
 BUNDLED = {
@@ -44,6 +45,7 @@ BUNDLED = {
     "llama31405b": "llama-3.1-405b", "deepseekv3": "deepseek-v3",
     "deepseekv3671b": "deepseek-v3", "qwen3235ba22b": "qwen3-235b-a22b",
     "qwen330ba3b": "qwen3-30b-a3b", "llama270blora": "llama-2-70b",
+    "nemotron3nano": "nemotron-3-nano", "nemotron3super": "nemotron-3-super",
 }  # fmt: skip
 GPT_OSS = "gptoss120b"
 
@@ -146,8 +148,8 @@ def blockers(row: dict[str, str]) -> list[str]:
     if row["kind"] not in ("pretrain", "lora-finetune"):
         out.append(f"kind={row['kind']}: fine-tuning not modelled")
     key = model_key(row)
-    if key.startswith(MAMBA_MODELS):
-        out.append(f"model_name={row['model_name']}: hybrid Mamba layers not modelled")
+    if unpriced := next((v for k, v in UNPRICED_HYBRIDS.items() if key.startswith(k)), None):
+        out.append(f"model_name={row['model_name']}: {unpriced}")
     elif key not in BUNDLED and key != GPT_OSS:
         out.append(f"model_name={row['model_name']}: not in the model catalogue")
     if row["precision"] == "fp4" and (row["fp4_recipe"] or "nvfp4") != "nvfp4":
