@@ -148,7 +148,7 @@ def test_model_flops_count_every_sublayer() -> None:
 @pytest.mark.parametrize(
     ("update", "field"),
     [({"cp": 2}, "plan.cp"), ({"tp": 8, "dp": 2, "ep": 2}, "plan.tp"),
-     ({"recompute": "selective", "recompute_modules": ("layernorm",)}, "plan.recompute_modules")],
+     ({"offload_modules": ("core_attn",)}, "plan.offload_modules")],
 )  # fmt: skip
 def test_what_hybrids_are_not_priced_under_is_refused(update: dict, field: str) -> None:
     fields = {"dp": 4, "pp": 2, "tp": 2, "ep": 2, "micro_batch_size": 1} | update
@@ -236,3 +236,33 @@ def test_hybrid_mtp_block_is_its_pattern() -> None:
 def test_latent_and_mtp_rules(update: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ModelSpec.model_validate(SMALL.model_dump() | update)
+
+
+def test_named_recompute_modules_act_on_the_sublayers_that_have_them() -> None:
+    inst = instance(SMALL)
+    gpu = resolve_gpu("h100-sxm")
+    base = make_plan(num_layers=8, dp=4, pp=2, tp=2, ep=2, micro_batch_size=2,
+                     sequence_parallel=True, recompute="selective")  # fmt: skip
+    named = base.model_copy(update={"recompute_modules": ("moe", "layernorm", "core_attn", "mlp")})
+    for k in "M*-E":
+        kept = hybrid_kept_bytes(SMALL, inst.training, named, k)
+        default = hybrid_kept_bytes(SMALL, inst.training, base, k)
+        assert kept <= default
+        if k in "-E":  # their modules are recomputed: less kept, more backward
+            assert kept < default
+            t_named = layer_times(SMALL, inst.training, gpu, named, 300 * GB, symbol=k)
+            t_default = layer_times(SMALL, inst.training, gpu, base, 300 * GB, symbol=k)
+            assert t_named.recompute_s > t_default.recompute_s
+        else:  # a Mamba mixer has no module; attention recomputes its core either way
+            assert kept == default
+    moe_only = base.model_copy(update={"recompute_modules": ("moe",)})
+    from pipette_cp.cost.workload.tokens import rank_tokens
+
+    # the MoE block recomputed keeps its input (2 B x h per routed token) beside the
+    # sublayer's pre-norm input and residual dropout mask (2 + 1 B x h per token, split
+    # over tp by sequence parallelism)
+    assert inst.training.dropout
+    routed = rank_tokens(inst.training, moe_only)
+    tokens = 2 * 2048
+    expected = 3.0 * 512 * tokens / 2 + 2.0 * 512 * routed
+    assert hybrid_kept_bytes(SMALL, inst.training, moe_only, "E") == pytest.approx(expected)

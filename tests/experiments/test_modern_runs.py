@@ -269,3 +269,17 @@ def test_lora_rows_get_the_mlperf_benchmark_adapters_and_stay_out_of_the_fit(
     assert row_setup(pretrain).instance.training.lora is None
     results, _ = run(row_ids={"r0039", "r0090", "r0095"})  # fit side, dense, B300, FP8
     assert {r.info.side for r in results} == {"fit"} and fit_rows(results) == ()
+
+
+def test_nemotron_rows_silent_on_recompute_get_their_preset_only_when_the_layout_matches(
+    rows: list[dict[str, str]],
+) -> None:
+    """Bridge's Nemotron 3 Nano H100 FP8 preset recomputes moe, layernorm, core_attn and
+    moe_act at 16 GPUs, global batch 1024, micro-batch 1, ep 8 (the tables' layout)."""
+    nano_h100 = [r for r in rows if model_key(r) == "nemotron3nano" and r["gpu_type"] == "H100"]
+    assert nano_h100 and all(not r["recompute"] for r in nano_h100)
+    for row in nano_h100:
+        assert row_recompute(row) == ("selective", ("moe", "layernorm", "core_attn", "moe_act"))
+        assert row_recompute({**row, "micro_batch": "2"}) == ("none", None)
+    gb300 = next(r for r in rows if model_key(r) == "nemotron3nano" and r["gpu_type"] == "GB300")
+    assert row_recompute(gb300) == ("none", None)

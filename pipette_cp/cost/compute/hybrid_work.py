@@ -9,7 +9,7 @@ and ``TransformerLayer`` with one sublayer do; the mixture-of-experts MLP alone 
 around its shared experts.
 
 :func:`check_hybrid_plan` refuses what the hybrid model is not priced under (context
-parallelism, named recompute modules, activation offloading, LoRA, layer profiles, a
+parallelism, activation offloading, LoRA, layer profiles, a
 framework without Megatron-Core's Mamba layers) and Megatron-Core's own rule that tp
 divides the Mamba heads and groups.
 """
@@ -59,9 +59,6 @@ def check_hybrid_plan(model: ModelSpec, training: TrainingSpec, plan: Plan) -> N
     why = "is not modelled for hybrid Mamba models"
     if plan.cp > 1:
         raise LayoutError("plan.cp", plan.cp, f"context parallelism over Mamba layers {why}")
-    if plan.recompute_modules is not None:
-        raise LayoutError("plan.recompute_modules", ",".join(plan.recompute_modules),
-                          f"named recompute modules {why} (use full or selective)")  # fmt: skip
     if plan.offload_modules:
         raise LayoutError("plan.offload_modules", ",".join(plan.offload_modules),
                           f"activation offloading {why}")  # fmt: skip

@@ -231,9 +231,10 @@ def layer_times(
         attention = "core_attn" in selective_modules(plan)
         recompute = core_fwd + cp_fwd if attention else 0.0
         cp_bwd += cp_fwd if attention else 0.0
-        extra, extra_comm = module_recompute_s(
-            model, training, gpu, plan, cal, work, tp_bandwidth_bytes_per_s, moe
-        )
+        # a hybrid model's Mamba and attention sublayers have no module but core_attn
+        extra, extra_comm = (0.0, 0.0) if symbol in ("M", "*") else module_recompute_s(
+            model, training, gpu, plan, cal, work, tp_bandwidth_bytes_per_s, moe or symbol == "E"
+        )  # fmt: skip
         recompute, comm_bwd = recompute + extra, comm_bwd + extra_comm
     else:
         recompute = 0.0

@@ -20,7 +20,11 @@ sublayer by sublayer (Korthikanti et al. 2022, Table 2, derived term by term), o
   the saved tensors of ``mamba_ssm``'s ``MambaSplitConv1dScanCombinedFn``).
 
 Under FP8 / NVFP4 with Transformer Engine a GEMM's kept input is its quantised copy.
-Full recomputation keeps the sublayer's input alone (``2 s b h``).
+Full recomputation keeps the sublayer's input alone (``2 s b h``).  Megatron-Core's named
+recompute modules (:func:`hybrid_module_savings`) act on the sublayers that have them:
+``core_attn`` on ``*``; ``mlp`` on ``-``; ``moe``, ``moe_act``, ``shared_experts`` and
+``layernorm`` on ``E`` (the other sublayers' norms are fused into their first linear,
+Transformer Engine's ``LayerNormColumnParallelLinear``, and keep no output of their own).
 """
 
 from __future__ import annotations
@@ -34,8 +38,10 @@ from pipette_cp.cost.stack.kernels import (
     unfused_norm_extra_bytes,
     uses_fused_attention,
 )
-from pipette_cp.cost.workload.flops import qkv_widths
+from pipette_cp.cost.workload.flops import fc1_factor, qkv_widths
 from pipette_cp.cost.workload.hybrid import present_symbols
+from pipette_cp.cost.workload.tokens import expert_tokens, rank_tokens
+from pipette_cp.specs.knobs.recompute import selective_modules
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.training import TrainingSpec
@@ -89,7 +95,42 @@ def hybrid_kept_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan, symb
         tokens = training.seq_length * plan.micro_batch_size / plan.cp
         layer_input = 2.0 * tokens * model.hidden_size
         return layer_input / plan.tp if plan.sequence_parallel else layer_input
-    return hybrid_full_bytes(model, training, plan, symbol)
+    full = hybrid_full_bytes(model, training, plan, symbol)
+    return full - hybrid_module_savings(model, training, plan, symbol)
+
+
+def hybrid_module_savings(
+    model: ModelSpec, training: TrainingSpec, plan: Plan, symbol: str
+) -> float:
+    """Bytes the named recompute modules take off one sublayer (the module docstring), as
+    :func:`pipette_cp.cost.memory.recompute.module_savings` counts them for a whole layer:
+    the MoE block recomputed keeps its input alone; otherwise the pre-MLP norm's output
+    (``layernorm``), the shared experts' terms and the experts' activation inputs (bf16,
+    ``moe_act``); the MLP's inputs and inner terms (``mlp``); an unfused attention core
+    kept after all when ``core_attn`` is left out (negative); 0 without named modules."""
+    if plan.recompute_modules is None:
+        return 0.0
+    modules = selective_modules(plan)
+    tokens, t = training.seq_length * plan.micro_batch_size / plan.cp, plan.tp
+    h, routed = model.hidden_size, rank_tokens(training, plan)
+    gemm_in = quantized_bytes(training) if keeps_quantized_tensors(training) else 2.0
+    if symbol == "*" and "core_attn" not in modules and not uses_fused_attention(training, plan):
+        return -memory_recompute.unfused_core_bytes(model, training, plan)
+    if symbol == "-" and "mlp" in modules:
+        rows = tokens / t if plan.sequence_parallel else tokens
+        inner = 2.0 * fc1_factor(model) + gemm_in + unfused_activation_extra_bytes(model, training)
+        return rows * h * gemm_in + tokens * model.ffn_hidden_size * inner / t
+    if symbol != "E":
+        return 0.0
+    if "moe" in modules:  # the block keeps its input alone
+        return memory_moe.moe_mlp_activation_bytes(model, training, plan) - 2.0 * h * routed
+    saved = 2.0 * h * routed if "layernorm" in modules else 0.0
+    if "shared_experts" in modules:
+        saved += memory_moe.shared_expert_activation_bytes(model, training, plan)
+    if "moe_act" in modules and gemm_in == 2.0:
+        width = model.expert_width / plan.expert_tp
+        saved += expert_tokens(model, training, plan) * width * gemm_in
+    return saved
 
 
 def largest_hybrid_full_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> float:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipette_cp.cost.workload.sliding_window import window_flops_fraction
+from pipette_cp.specs.knobs.recompute import selective_modules
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.training import TrainingSpec
@@ -252,9 +253,8 @@ def hardware_flops_per_iteration(model: ModelSpec, training: TrainingSpec, plan:
     """
     s = training.seq_length
     gemms = layer_gemms(model, s, 1, 1)
-    if model.is_hybrid:  # full: every sublayer again; selective: the attention cores
-        extra = {"full": hybrid_layers_forward_flops(model, s),
-                 "selective": hybrid_attention_core_flops(model, s)}.get(plan.recompute, 0.0)  # fmt: skip
+    if model.is_hybrid:
+        extra = hybrid_recompute_flops(model, s, plan)
     elif plan.recompute == "full":
         extra = _layers_forward_flops(model, s) if model.is_moe else core_flops(
             model, s, gemms, _ALL) * model.num_layers  # fmt: skip
@@ -357,3 +357,23 @@ def hybrid_attention_core_flops(model: ModelSpec, seq_length: int) -> float:
     gemms = layer_gemms(model, seq_length, 1, 1)
     per_layer = core_flops(model, seq_length, gemms, ATTENTION_CORE)
     return (model.hybrid_pattern or "").count("*") * per_layer
+
+
+def hybrid_recompute_flops(model: ModelSpec, seq_length: int, plan: Plan) -> float:
+    """Forward FLOPs per sequence a hybrid model's recomputation redoes: every sublayer
+    (full); the attention cores (``core_attn``, Megatron's default), the MLP sublayers
+    (``mlp``) and the expert sublayers' active FLOPs (``moe``) or shared experts
+    (``shared_experts``) under selective recomputation."""
+    if plan.recompute == "full":
+        return hybrid_layers_forward_flops(model, seq_length)
+    modules = selective_modules(plan)
+    pattern = model.hybrid_pattern or ""
+    total = hybrid_attention_core_flops(model, seq_length) if "core_attn" in modules else 0.0
+    if "mlp" in modules:
+        total += pattern.count("-") * hybrid_forward_flops(model, seq_length, "-")
+    if "moe" in modules:
+        total += pattern.count("E") * moe_mlp_active_flops(model, seq_length)
+    elif "shared_experts" in modules:
+        per_width = (fc1_factor(model) + 1) * model.hidden_size
+        total += pattern.count("E") * 2.0 * seq_length * model.shared_expert_width * per_width
+    return total

@@ -248,6 +248,8 @@ def row_recompute(row: dict[str, str]) -> tuple[Recompute, tuple[str, ...] | Non
     unset leaves Megatron's recomputation off whatever modules are listed, and a
     selective one with no module recomputes nothing."""
     cell = hint(row["recompute"])
+    if not cell and (preset := bridge_preset_modules(row)):
+        return "selective", preset
     if cell == "full" or 'granularity "full"' in cell:
         return "full", None
     found = re.search(r"modules (\[[^\]]*\]|'[^']+')", cell)
@@ -255,6 +257,32 @@ def row_recompute(row: dict[str, str]) -> tuple[Recompute, tuple[str, ...] | Non
     selective = (cell.startswith("selective") or 'granularity "selective"' in cell
                  or (is_bridge(row) and "granularity unset" in cell))  # fmt: skip
     return ("selective", names) if selective and names else ("none", None)
+
+
+#: Megatron-Bridge's Nemotron 3 performance presets that recompute named modules
+#: (``scripts/performance/configs/nemotronh/nemotron_3_workload_base_configs.py`` at
+#: commit 06e8da4e), by (model, GPU, precision), with the layout each states (GPUs,
+#: global batch, micro-batch, ep): a row silent on recomputation whose layout is the
+#: preset's gets its modules.  The other presets recompute nothing, or state another
+#: layout than the tables (B200 FP8: ep 8 there, 64 in the tables).
+BRIDGE_RECOMPUTE_PRESETS = {
+    ("nemotron3nano", "H100", "fp8"): ((16, 1024, 1, 8), ("moe", "layernorm", "core_attn", "moe_act")),
+    ("nemotron3nano", "H100", "bf16"): ((16, 1024, 1, 8), ("moe", "layernorm")),
+}  # fmt: skip
+
+
+def bridge_preset_modules(row: dict[str, str]) -> tuple[str, ...] | None:
+    """The recompute modules of the row's Bridge preset (:data:`BRIDGE_RECOMPUTE_PRESETS`)
+    when the row states the preset's layout; None otherwise."""
+    if not is_bridge(row):
+        return None
+    key = (model_key(row), row["gpu_type"], row["precision"])
+    if key not in BRIDGE_RECOMPUTE_PRESETS:
+        return None
+    layout, modules = BRIDGE_RECOMPUTE_PRESETS[key]
+    stated = (_int(row["num_gpus"], 0), _int(row["global_batch"], 0),
+              _int(row["micro_batch"], 1), _int(row["ep"], 1))  # fmt: skip
+    return modules if stated == layout else None
 
 
 def pipeline_layout_split(layout: str) -> tuple[int, ...]:
