@@ -7,7 +7,8 @@ from pipette_cp.specs.instance import BestKnown, Instance
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Evaluation, Plan, SolveInfo, TimeBreakdown
 from pipette_cp.specs.profile import LayerProfile, LayerProfileEntry
-from pipette_cp.specs.training import Recompute, SearchSpace, TrainingSpec
+from pipette_cp.specs.search_space import SearchSpace
+from pipette_cp.specs.training import Recompute, TrainingSpec
 
 __all__ = [
     "GPU_CATALOG",

@@ -8,7 +8,8 @@ from pipette_cp.specs._base import FrozenSpec
 from pipette_cp.specs.cluster import ClusterSpec
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.profile import LayerProfile
-from pipette_cp.specs.training import SearchSpace, TrainingSpec
+from pipette_cp.specs.search_space import SearchSpace
+from pipette_cp.specs.training import TrainingSpec
 
 
 class BestKnown(FrozenSpec):

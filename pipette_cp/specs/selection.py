@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pipette_cp.errors import SpecError
 from pipette_cp.specs.cluster import ClusterSpec
-from pipette_cp.specs.training import SearchSpace
+from pipette_cp.specs.search_space import SearchSpace
 
 #: Default number of whole nodes a layout may leave idle: one per 8 nodes, at least
 #: 1 and at most this many (each idle count adds the layouts of one more GPU total).

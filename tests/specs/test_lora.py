@@ -121,7 +121,7 @@ def test_the_search_offers_no_gradient_sharding_under_lora() -> None:
 
     from pipette_cp.specs.knobs.base import Job
     from pipette_cp.specs.knobs.memory import SHARDING
-    from pipette_cp.specs.training import SearchSpace
+    from pipette_cp.specs.search_space import SearchSpace
 
     inst = small_instance()
     space = SearchSpace(dp_sharding=("none", "optim", "optim_grads", "optim_grads_params"))

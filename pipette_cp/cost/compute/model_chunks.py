@@ -40,6 +40,7 @@ from pipette_cp.cost.compute.layer_work import check_profile, layer_cast_bytes, 
 from pipette_cp.cost.compute.recompute_time import module_recompute_s
 from pipette_cp.cost.compute.stage_extras import boundary_times as _boundary_times
 from pipette_cp.cost.compute.stage_extras import mtp_times, tp_collective_time_s
+from pipette_cp.cost.stack.attention_variants import FP8_ATTENTION_SPEEDUP
 from pipette_cp.cost.stack.calibration import GpuCalibration, calibration_for, peak_flops
 from pipette_cp.cost.stack.frameworks import (
     HOST_LINK_BYTES_PER_S,
@@ -104,6 +105,8 @@ def _attention_core_times(
             kernel, gpu, cal.flash_attention_efficiency
         ) * attention_scale(training, cal.gpu_family, plan.cp)
         forward = flops / (efficiency * peak_flops(gpu))
+        if training.fp8_attention:  # cuDNN's FP8 attention (cost.stack.attention_variants)
+            forward /= FP8_ATTENTION_SPEEDUP
         return forward, 2.5 * forward
     drop = 1.0 if training.dropout else 0.0
     scores = b * model.num_attention_heads / t * s * s / plan.cp

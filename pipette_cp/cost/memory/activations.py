@@ -18,6 +18,7 @@ from __future__ import annotations
 from pipette_cp.cost.memory import moe_activations as memory_moe
 from pipette_cp.cost.memory import recompute as memory_recompute
 from pipette_cp.cost.memory.hybrid_activations import hybrid_kept_bytes
+from pipette_cp.cost.stack.attention_variants import attention_element_bytes
 from pipette_cp.cost.stack.frameworks import resolve_framework
 from pipette_cp.cost.stack.kernels import (
     LOGITS_KEPT_BYTES,
@@ -67,8 +68,12 @@ def full_layer_activation_bytes(
     # Same source, split over tp: Q, K (2 B each), V (2 B), output-projection input
     # (2 B) -> 8sbh for MHA; widths from the q/kv head counts (GQA).  Under FP8 the fused
     # attention keeps its bf16 output (the projection input) beside the FP8 copy.
-    proj_in = proj_kept + (2.0 if fused and proj_kept != 2.0 else 0.0)
-    attention = tokens * (2 * q_width + 2 * kv_width + 2 * v_width + proj_in * out_width)
+    # FP8 attention keeps Q, K, V and its output in FP8 (cost.stack.attention_variants).
+    proj_in = proj_kept + (
+        2.0 if fused and proj_kept != 2.0 and not training.fp8_attention else 0.0
+    )
+    qkv = attention_element_bytes(training) * (q_width + kv_width + v_width)
+    attention = tokens * (qkv + proj_in * out_width)
     # Same source: GeLU input and output (2 x 2 x 4h -> 16sbh); SwiGLU stores the
     # gate and up projections (2 x 2f) and its output (2f), the FC2 input.
     mlp = 0.0  # a MoE layer's MLP terms: memory_moe

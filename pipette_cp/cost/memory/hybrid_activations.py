@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from pipette_cp.cost.memory import moe_activations as memory_moe
 from pipette_cp.cost.memory import recompute as memory_recompute
+from pipette_cp.cost.stack.attention_variants import attention_element_bytes
 from pipette_cp.cost.stack.kernels import (
     keeps_quantized_tensors,
     quantized_bytes,
@@ -77,9 +78,10 @@ def hybrid_full_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan, symb
         return replicated + tokens * (widths + fp32) / t
     q_width, kv_width, v_width = qkv_widths(model)
     fused = uses_fused_attention(training, plan)
-    proj_in = gemm_in + (2.0 if fused and gemm_in != 2.0 else 0.0)
+    proj_in = gemm_in + (2.0 if fused and gemm_in != 2.0 and not training.fp8_attention else 0.0)
     out_width = model.num_attention_heads * model.v_head_size
-    split = tokens * (2 * q_width + 2 * kv_width + 2 * v_width + proj_in * out_width) / t
+    qkv = attention_element_bytes(training) * (q_width + kv_width + v_width)
+    split = tokens * (qkv + proj_in * out_width) / t
     if fused:
         core = 4.0 * model.num_attention_heads * (s / plan.cp) * b / t
     elif plan.recompute == "selective":

@@ -32,18 +32,35 @@ combinations the software stack does not run, naming the field, value and rule:
 - **multi-token prediction** does not support learned absolute position embeddings
   (Megatron-LM ``docs/user-guide/features/multi_token_prediction.md``, "Unsupported
   Combinations").
+- **FP8 attention** (``training.fp8_attention``: Transformer Engine's ``fp8_dpa``) runs in
+  cuDNN's fused attention only (TE ``get_attention_backend`` disables FlashAttention and
+  the unfused path for FP8 inputs) and with Transformer Engine's FP8 recipes (not
+  torchao's); its core runs :data:`FP8_ATTENTION_SPEEDUP` faster and keeps queries,
+  keys, values and output in FP8 (:func:`attention_element_bytes`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pipette_cp.cost.stack.kernels import attention_kernel
+from pipette_cp.cost.stack.kernels import attention_kernel, keeps_quantized_tensors
 from pipette_cp.errors import LayoutError
 from pipette_cp.specs.gpu import GpuSpec
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
 from pipette_cp.specs.training import AttentionKernel, TrainingSpec
+
+#: FP8 attention over bf16: FlashAttention-3's forward on H100 reaches close to 1.2
+#: PFLOPs/s in FP8 against up to 740 TFLOPs/s in BF16 (Shah et al. 2024, abstract):
+#: 1.6 x, assumed for the backward and on Blackwell's FP8 attention too.
+FP8_ATTENTION_SPEEDUP = 1.2e15 / 740e12
+
+
+def attention_element_bytes(training: TrainingSpec) -> float:
+    """Bytes of one element of the queries, keys, values and output the attention keeps
+    for its backward: 1 under FP8 attention, else 2 (bf16)."""
+    return 1.0 if training.fp8_attention else 2.0
+
 
 #: Kernels without unequal query/key and value head widths (latent attention).
 _EQUAL_WIDTHS: tuple[AttentionKernel, ...] = ("flash1", "flash2")
@@ -63,6 +80,15 @@ def check_attention_variants(
     """Raise :class:`LayoutError` for an attention variant the plan's kernel (on any of
     ``gpus``) or context parallelism cannot run (module docstring); nothing for a model
     without latent attention, windows, sinks or multi-token prediction."""
+    if training.fp8_attention:
+        field = "plan.attention_kernel" if plan.attention_kernel else "training.attention_kernel"
+        for kernel in sorted(_kernels(training, plan, gpus)):
+            if kernel != "cudnn":
+                raise LayoutError(field, kernel, "training.fp8_attention runs in cuDNN's fused "
+                                  "attention only (Transformer Engine): use cudnn")  # fmt: skip
+        if not keeps_quantized_tensors(training):
+            raise LayoutError("training.fp8_attention", True, "needs Transformer Engine's FP8 "
+                              f"attention; {training.framework.name} casts with torchao")  # fmt: skip
     if model.mtp_layers and model.position_embedding == "learned":
         raise LayoutError("model.mtp_layers", model.mtp_layers, "multi-token prediction does "
                           "not support learned absolute position embeddings (Megatron-Core)")  # fmt: skip

@@ -29,6 +29,7 @@ behind that layer's forward (to host) or backward (back), the rest exposed
 
 from __future__ import annotations
 
+from pipette_cp.cost.stack.attention_variants import attention_element_bytes
 from pipette_cp.cost.stack.kernels import (
     keeps_quantized_tensors,
     quantized_bytes,
@@ -55,11 +56,10 @@ def _module_bytes(
     out_width = model.num_attention_heads * model.v_head_size
     if module in ("attn_norm", "mlp_norm"):
         return 2.0 * model.hidden_size * rank_tokens(training, plan)
-    if module == "core_attn":  # Q, K and V, 2 B each
-        widths = 2.0 * sum(qkv_widths(model))
-        fused_output = (
-            2.0 * out_width if quantized and uses_fused_attention(training, plan) else 0.0
-        )
+    if module == "core_attn":  # Q, K and V, 2 B each (1 B under FP8 attention)
+        widths = attention_element_bytes(training) * sum(qkv_widths(model))
+        fused = uses_fused_attention(training, plan) and not training.fp8_attention
+        fused_output = 2.0 * out_width if quantized and fused else 0.0
         return tokens * (widths + fused_output) / t
     if module == "attn_proj":
         return tokens * gemm_in * out_width / t

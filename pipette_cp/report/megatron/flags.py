@@ -294,11 +294,17 @@ def megatron_flags(instance: Instance, plan: Plan) -> list[Flag]:
     Raises
     ------
     UnsupportedError
-        A LoRA job (``training.lora``): Megatron-LM's parser has no LoRA flags (LoRA
+        FP8 attention (``training.fp8_attention``: no option in Megatron-LM's parser), or
+        a LoRA job (``training.lora``): Megatron-LM's parser has no LoRA flags (LoRA
         fine-tuning runs in Megatron-Bridge or NeMo), and its arguments alone would
         launch full training.
     """
     t = instance.training
+    if t.fp8_attention:
+        raise UnsupportedError(
+            "training.fp8_attention", True, "Megatron-LM's parser has no FP8 attention option "
+            "(NeMo and Megatron-Bridge set fp8_dot_product_attention); export without it"
+        )  # fmt: skip
     if (lora := t.lora) is not None:
         raise UnsupportedError(
             "training.lora",

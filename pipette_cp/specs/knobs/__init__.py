@@ -5,7 +5,7 @@ labels, the rules by phase.
 :data:`KNOBS` is in enumeration order: a search tries the knobs' values as nested
 loops, the first knob outermost (inside the degrees).  Adding a knob: its plan field
 (:class:`~pipette_cp.specs.plan.Plan`), its search-space field
-(:class:`~pipette_cp.specs.training.SearchSpace`), its declaration in one of the modules
+(:class:`~pipette_cp.specs.search_space.SearchSpace`), its declaration in one of the modules
 here (appended to that module's ``KNOBS``) and its price in the cost model.
 """
 

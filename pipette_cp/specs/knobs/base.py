@@ -18,7 +18,8 @@ from typing import Any, Generic, Literal, NamedTuple, Protocol, TypeVar
 
 from pipette_cp.errors import LayoutError
 from pipette_cp.specs.model import ModelSpec
-from pipette_cp.specs.training import SearchSpace, Sharding, TrainingSpec
+from pipette_cp.specs.search_space import SearchSpace
+from pipette_cp.specs.training import Sharding, TrainingSpec
 
 #: One Megatron-LM flag and its value (None for a switch).
 Flag = tuple[str, str | None]

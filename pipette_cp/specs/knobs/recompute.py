@@ -8,7 +8,8 @@ from typing import Protocol
 from pipette_cp.errors import LayoutError
 from pipette_cp.specs.knobs.base import Flag, Job, Knob, Phase, PlanFlag, Rule, SpaceFlag
 from pipette_cp.specs.model import ModelSpec
-from pipette_cp.specs.training import Recompute, RecomputeModule, SearchSpace, TrainingSpec
+from pipette_cp.specs.search_space import SearchSpace
+from pipette_cp.specs.training import Recompute, RecomputeModule, TrainingSpec
 
 #: The frameworks whose selective recomputation is Megatron-Core's modules.
 MEGATRON_CORE = ("megatron-core", "megatron-lm", "nemo", "megatron-bridge")

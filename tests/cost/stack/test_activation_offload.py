@@ -21,7 +21,8 @@ from pipette_cp.report.megatron.flags import before_blackwell, megatron_argv, me
 from pipette_cp.search.space import enumerate_layouts
 from pipette_cp.specs import resolve_gpu
 from pipette_cp.specs.layouts import make_plan
-from pipette_cp.specs.training import OFFLOAD_MODULES, FrameworkProfile, SearchSpace, TrainingSpec
+from pipette_cp.specs.search_space import SearchSpace
+from pipette_cp.specs.training import OFFLOAD_MODULES, FrameworkProfile, TrainingSpec
 from tests.conftest import small_instance
 from tests.cost.memory.test_moe_activations import FE, H, K, S, tiny
 from tests.cost.stack.test_fp8 import MODEL

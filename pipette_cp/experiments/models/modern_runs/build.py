@@ -27,6 +27,7 @@ from pipette_cp.experiments.models.modern_runs.features import (
     model_key,
     precision_label,
     seq_length,
+    true_cell,
 )
 from pipette_cp.io.huggingface.config import model_from_hf_config
 from pipette_cp.io.model_file import load_model
@@ -213,8 +214,9 @@ def row_fp8_recipe(row: dict[str, str]) -> str:
 def row_training(row: dict[str, str], global_batch: int) -> TrainingSpec:
     """The row's precision (NVFP4 rows as ``fp4``) and FP8 recipe, overlap flags (stated,
     else on), dispatcher;
-    Transformer Engine's cuDNN fused attention on every GPU; LoRA rows with the MLPerf
-    benchmark's adapters (:data:`.features.MLPERF_LORA`)."""
+    Transformer Engine's cuDNN fused attention on every GPU, in FP8 where the row says so
+    (MLPerf's ``FP8_DPA``); LoRA rows with the MLPerf benchmark's adapters
+    (:data:`.features.MLPERF_LORA`)."""
     label = precision_label(row)
     fp8 = label not in ("bf16", "nvfp4")
     recipe = row_fp8_recipe(row)
@@ -231,7 +233,7 @@ def row_training(row: dict[str, str], global_batch: int) -> TrainingSpec:
         tp_comm_overlap=_flag(row["tp_comm_overlap"], tp > 1), dropout=False,
         fused_cross_entropy=True, moe_token_dispatcher="flex" if flex else "alltoall",
         moe_grouped_gemm=True, moe_pad_to_capacity="tokendrop" in row["model_name"],
-        attention_kernel="cudnn",
+        attention_kernel="cudnn", fp8_attention=true_cell(row["fp8_attention"]),
         framework=FrameworkProfile(name=FRAMEWORK[source_family(row)]),
     )  # fmt: skip
 

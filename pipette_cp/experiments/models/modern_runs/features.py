@@ -137,7 +137,7 @@ def catalogue_gpu(row: dict[str, str]) -> GpuSpec | None:
         return None
 
 
-def _true(cell: str) -> bool:
+def true_cell(cell: str) -> bool:
     return first_word(cell).lower() == "true"
 
 
@@ -156,7 +156,7 @@ def blockers(row: dict[str, str]) -> list[str]:
         out.append(f"precision=fp4 ({row['fp4_recipe']}): only NVFP4 modelled")
     if catalogue_gpu(row) is None:
         out.append(f"gpu_type={row['gpu_type']}: not in the GPU catalogue")
-    if _true(row["cpu_offload"]):
+    if true_cell(row["cpu_offload"]):
         out.append(f"cpu_offload={row['cpu_offload']}: not modelled")
     if not row["tp"]:
         out.append("tp/pp/cp: layout not stated")
@@ -177,14 +177,12 @@ def hint(cell: str) -> str:
 
 def approximations(row: dict[str, str]) -> tuple[str, ...]:
     """Settings the row states that the models do not cost (kept in the prediction,
-    listed beside it): CUDA graphs, FP8 attention, the v6.0 DeepSeek-V3 run's overlapped expert communication and delayed weight gradients,
-    real (not force-balanced) routing."""
+    listed beside it): CUDA graphs, the v6.0 DeepSeek-V3 run's overlapped expert
+    communication and delayed weight gradients, real (not force-balanced) routing."""
     out = []
     graph = hint(row["cuda_graph"])
     if graph and graph != "off" and not graph.startswith('"none"'):
         out.append(f"cuda_graph={graph}: CUDA graphs not costed")
-    if _true(row["fp8_attention"]):
-        out.append("fp8_attention=True: attention costed in bf16")
     notes = row["notes"]
     if "OVERLAP_MOE_EXPERT_PARALLEL_COMM=True" in notes:
         out.append("OVERLAP_MOE_EXPERT_PARALLEL_COMM: expert all-to-all costed unoverlapped")
