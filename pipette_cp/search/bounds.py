@@ -28,6 +28,7 @@ import numpy as np
 from pipette_cp.cost.compute.model_chunks import chunk_times
 from pipette_cp.cost.memory.peak import memory_by_stage, num_microbatches, usable_memory_bytes
 from pipette_cp.cost.network.parallel_groups import fastest_link_bytes_per_s
+from pipette_cp.solvers.split.cost import uniform_layers
 from pipette_cp.specs import Instance, Plan
 
 
@@ -55,7 +56,7 @@ def memory_check(instance: Instance, plan: Plan) -> MemoryCheck:
     chunks, v = plan.pp * plan.vpp, plan.vpp
     if model.num_layers < chunks:
         return MemoryCheck(False, math.inf)
-    if model.is_moe and model.num_dense_layers:  # two layer kinds: no one slope bounds both
+    if not uniform_layers(model, training):  # layer kinds apart: no one slope bounds them
         return MemoryCheck(True, 0.0)  # (the split solver decides; never a wrong prune)
     ones = plan.model_copy(update={"layer_split": (1,) * chunks})
     twos = plan.model_copy(update={"layer_split": (2,) * chunks})

@@ -87,6 +87,16 @@ class Instance(FrozenSpec):
         )
 
     @model_validator(mode="after")
+    def _bf16_layers_within_the_model(self) -> Instance:
+        t, layers = self.training, self.model.num_layers
+        if t.bf16_first_layers + t.bf16_last_layers > layers:
+            raise ValueError(
+                f"training.bf16_first_layers={t.bf16_first_layers} + bf16_last_layers="
+                f"{t.bf16_last_layers} exceed the model's {layers} layers"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _headroom_leaves_memory(self) -> Instance:
         headroom = self.training.memory_headroom_bytes
         smallest = min(self.cluster.gpu_types.values(), key=lambda g: g.memory_bytes)

@@ -178,6 +178,19 @@ class TrainingSpec(FrozenSpec):
         "attention core reads FP8 queries, keys and values and keeps them in FP8 for its "
         "backward; cuDNN's fused attention only.",
     )
+    bf16_first_layers: int = Field(
+        default=0,
+        ge=0,
+        description="Transformer layers at the start whose GEMMs stay bf16 under precision fp8 "
+        "or fp4 (Megatron --first-last-layers-bf16 --num-layers-at-start-in-bf16; "
+        "Megatron-Bridge's Nemotron-H providers keep 1 at each end); 0: none.",
+    )
+    bf16_last_layers: int = Field(
+        default=0,
+        ge=0,
+        description="Transformer layers at the end whose GEMMs stay bf16 under precision fp8 or "
+        "fp4 (Megatron --num-layers-at-end-in-bf16); 0: none.",
+    )
     optimizer: Optimizer = Field(
         default="adam",
         description="'adam' (Megatron mixed precision: fp32 master weights, two fp32 moments) "
@@ -303,9 +316,9 @@ class TrainingSpec(FrozenSpec):
             raise ValueError(f"only with precision fp8 (precision is {precision})")
         return value
 
-    @field_validator("fp8_attention")
+    @field_validator("fp8_attention", "bf16_first_layers", "bf16_last_layers")
     @classmethod
-    def _quantized_attention(cls, value: bool, info: ValidationInfo) -> bool:
+    def _quantized_only(cls, value: bool | int, info: ValidationInfo) -> bool | int:
         precision = info.data.get("precision")
         if value and precision is not None and precision not in ("fp8", "fp4"):
             raise ValueError(f"only with precision fp8 or fp4 (precision is {precision})")

@@ -283,3 +283,19 @@ def test_nemotron_rows_silent_on_recompute_get_their_preset_only_when_the_layout
         assert row_recompute({**row, "micro_batch": "2"}) == ("none", None)
     gb300 = next(r for r in rows if model_key(r) == "nemotron3nano" and r["gpu_type"] == "GB300")
     assert row_recompute(gb300) == ("none", None)
+
+
+def test_layers_kept_in_bf16_as_stated_else_the_nemotron_provider_default(
+    rows: list[dict[str, str]],
+) -> None:
+    from pipette_cp.experiments.models.modern_runs.build import bf16_end_layers
+
+    nemotron = next(r for r in rows if model_key(r) == "nemotron3nano")
+    assert not nemotron["bf16_first_last_layers"] and bf16_end_layers(nemotron) == (1, 1)
+    assert bf16_end_layers({**nemotron, "bf16_first_last_layers": "0/0"}) == (0, 0)
+    stated = next(r for r in rows if r["bf16_first_last_layers"] == "0/0")
+    assert bf16_end_layers(stated) == (0, 0)
+    llama = next(
+        r for r in rows if model_key(r) == "llama31405b" and not r["bf16_first_last_layers"]
+    )
+    assert bf16_end_layers(llama) == (0, 0)

@@ -55,6 +55,7 @@ from pipette_cp.cost.stack.kernels import (
     uses_quantized_gemms,
 )
 from pipette_cp.cost.stack.offload import offload_savings
+from pipette_cp.cost.workload.bf16_layers import bf16_layers_by_chunk, bf16_training
 from pipette_cp.cost.workload.flops import ATTENTION_CORE, layer_gemms
 from pipette_cp.cost.workload.hybrid import present_symbols, symbols_by_chunk
 from pipette_cp.cost.workload.latent_attention import attention_input_width
@@ -375,6 +376,14 @@ def chunk_times(
         parts = np.outer(astuple(layer), layers - n_moe) + np.outer(astuple(moe), n_moe)
     else:
         parts = np.outer(astuple(layer), layers)
+    if bf16 := bf16_layers_by_chunk(model, training, plan):  # layers kept in bf16
+        plain = partial(
+            layer_times, model, bf16_training(training), gpu, plan, tp_bandwidth_bytes_per_s,
+            cal, cp_bandwidth_bytes_per_s=cp_bandwidth_bytes_per_s,
+        )  # fmt: skip
+        for kind, counts in bf16.items():
+            kw: dict = {"symbol": kind} if model.is_hybrid else {"moe": kind == "moe"}
+            parts += np.outer(np.subtract(astuple(plain(**kw)), astuple(analytic(**kw))), counts)
     parts[:4, 0] += emb  # rows as LayerTimes: fwd, bwd, tp comm fwd/bwd, recompute, cp comm
     parts[:4, -1] += head
     if model.mtp_layers:  # on the last stage (cost.boundary), a block of the last layer's kind

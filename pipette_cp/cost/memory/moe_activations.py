@@ -39,15 +39,12 @@ context-parallel ring's key/value buffers are working set (:func:`moe_temporary_
 
 from __future__ import annotations
 
-import numpy as np
-
 from pipette_cp.cost.stack.frameworks import resolve_framework
 from pipette_cp.cost.stack.kernels import (
     keeps_quantized_tensors,
     quantized_bytes,
     unfused_activation_extra_bytes,
 )
-from pipette_cp.cost.workload.parameters import chunk_layer_kinds
 from pipette_cp.cost.workload.tokens import cp_chunk_bytes, expert_tokens, rank_tokens, unit_tokens
 from pipette_cp.specs.model import ModelSpec
 from pipette_cp.specs.plan import Plan
@@ -161,13 +158,3 @@ def cp_temporary_bytes(model: ModelSpec, training: TrainingSpec, plan: Plan) -> 
     ring attention, Megatron's default ``--cp-comm-type p2p``): the key/value chunk and
     its gradient, each double-buffered (send and receive), 4 chunks."""
     return 4.0 * cp_chunk_bytes(model, training, plan)
-
-
-def largest_chunk_bytes(
-    model: ModelSpec, plan: Plan, stage: int, dense_layer: float, moe_layer: float
-) -> float:
-    """Activations of the largest chunk of ``stage`` for one micro-batch: its dense layers
-    times ``dense_layer`` plus its MoE layers times ``moe_layer`` bytes."""
-    dense, moe = chunk_layer_kinds(model, plan)
-    chunks = np.arange(plan.vpp) * plan.pp + stage
-    return float((dense[chunks] * dense_layer + moe[chunks] * moe_layer).max())

@@ -50,6 +50,7 @@ from pipette_cp.cost.memory.activations import (
     activation_bytes_per_layer,
     embedding_activation_bytes,
     full_layer_activation_bytes,
+    kept_layer_bytes,
     last_stage_head_bytes,
     logits_bytes,
     moe_activation_bytes_per_layer,
@@ -65,6 +66,7 @@ from pipette_cp.cost.stack.calibration import MEMORY_CALIBRATION, MemoryCalibrat
 from pipette_cp.cost.stack.frameworks import gradient_bytes, resolve_framework
 from pipette_cp.cost.stack.kernels import uses_quantized_gemms
 from pipette_cp.cost.workload import lora, parameters
+from pipette_cp.cost.workload.bf16_layers import bf16_layers_by_chunk, bf16_training
 from pipette_cp.cost.workload.hybrid import present_symbols, symbols_by_chunk
 from pipette_cp.cost.workload.parameters import (
     layer_params_per_gpu,
@@ -224,6 +226,8 @@ class _Shared(NamedTuple):
     margin_fraction: float
     #: a hybrid model's kept bytes per sublayer, by symbol
     symbol_bytes: tuple[tuple[str, float], ...] = ()
+    #: by layer kind, what a layer kept in bf16 keeps beyond its quantised twin
+    bf16_bytes: tuple[tuple[str, float], ...] = ()
 
 
 def _shared(
@@ -241,7 +245,24 @@ def _shared(
         _temporary_bytes(model, training, plan), constant, calibration.allocator_fraction,
         fw.memory_margin,
         tuple((k, hybrid_kept_bytes(model, training, plan, k)) for k in present_symbols(model)),
+        _bf16_bytes(model, training, plan),
     )  # fmt: skip
+
+
+def _bf16_bytes(
+    model: ModelSpec, training: TrainingSpec, plan: Plan
+) -> tuple[tuple[str, float], ...]:
+    """By kind of the layers kept in bf16 (:mod:`pipette_cp.cost.workload.bf16_layers`),
+    their kept bytes less their quantised twin's."""
+
+    def kept(kind: str, t: TrainingSpec) -> float:
+        if model.is_hybrid:
+            return hybrid_kept_bytes(model, t, plan, kind)
+        return kept_layer_bytes(model, t, plan, kind == "moe")
+
+    plain = bf16_training(training)
+    kinds = bf16_layers_by_chunk(model, training, plan)
+    return tuple((k, kept(k, plain) - kept(k, training)) for k in kinds)
 
 
 def _stage(
@@ -255,18 +276,20 @@ def _stage(
     units = in_flight_microbatches(plan, stage, shared.microbatches) * plan.vpp
     # Interleaving: each in-flight unit is one chunk's micro-batch; with an uneven
     # split, count the stage's largest chunk for every unit (err high).
-    if model.is_hybrid:  # each symbol's sublayers by chunk (Megatron's virtual-stage order)
-        by_symbol, chunks = symbols_by_chunk(model, plan), np.arange(plan.vpp) * plan.pp + stage
-        chunk = np.sum([by_symbol[k][chunks] * kept for k, kept in shared.symbol_bytes], axis=0)
-        activations = units * float(np.max(chunk))
-    elif model.is_moe:  # dense and MoE layers by chunk (Megatron's virtual-stage order)
-        chunk = memory_moe.largest_chunk_bytes(
-            model, plan, stage, shared.per_layer, shared.moe_per_layer
-        )
-        activations = units * chunk
+    # The layers of each kind by chunk (Megatron's virtual-stage order).
+    chunks = np.arange(plan.vpp) * plan.pp + stage
+    if model.is_hybrid:  # each symbol's sublayers
+        by_symbol = symbols_by_chunk(model, plan)
+        per_chunk = np.sum([by_symbol[k][chunks] * kept for k, kept in shared.symbol_bytes], axis=0)
+    elif model.is_moe:  # dense and MoE layers
+        dense, moe = parameters.chunk_layer_kinds(model, plan)
+        per_chunk = dense[chunks] * shared.per_layer + moe[chunks] * shared.moe_per_layer
     else:
-        chunk_layers = max(plan.layer_split[c * plan.pp + stage] for c in range(plan.vpp))
-        activations = units * chunk_layers * shared.per_layer
+        per_chunk = np.asarray(plan.layer_split, dtype=float)[chunks] * shared.per_layer
+    if shared.bf16_bytes:  # layers kept in bf16 keep bf16 GEMM inputs
+        bf16 = bf16_layers_by_chunk(model, training, plan)
+        per_chunk = per_chunk + np.sum([bf16[k][chunks] * d for k, d in shared.bf16_bytes], axis=0)
+    activations = units * float(np.max(per_chunk))
     if stage == 0:
         activations += math.ceil(units / plan.vpp) * shared.embedding
     logits = 0.0

@@ -7,12 +7,15 @@ framework's bytes per parameter are :mod:`pipette_cp.cost.stack.frameworks`.
 
 from __future__ import annotations
 
+import numpy as np
+
 from pipette_cp.cost.stack.frameworks import (
     gradient_bytes,
     optimizer_state_bytes,
     resolve_framework,
 )
 from pipette_cp.cost.stack.kernels import keeps_quantized_tensors, quantized_bytes
+from pipette_cp.cost.workload.bf16_layers import bf16_layers_by_chunk
 from pipette_cp.cost.workload.hybrid import hybrid_gemm_params_per_gpu, stage_symbols
 from pipette_cp.cost.workload.parameters import (
     expert_shard_group,
@@ -87,6 +90,11 @@ def stage_fp8_weight_bytes(
             * moe_layer_gemm_params_per_gpu(model, plan)
             * quantized_weight_bytes(training)
         )
+    if kept and (bf16 := bf16_layers_by_chunk(model, training, plan)):  # no copies of theirs
+        chunks = np.arange(plan.vpp) * plan.pp + stage
+        kept -= quantized_weight_bytes(training) * sum(
+            bf16[k][chunks].sum() * _gemm_params(model, plan, k) for k in bf16
+        )
     if plan.fp8_param_gather and kept:
         kept -= (
             kept
@@ -94,6 +102,15 @@ def stage_fp8_weight_bytes(
             * resolve_framework(training.framework).weight_bytes
         )
     return kept
+
+
+def _gemm_params(model: ModelSpec, plan: Plan, kind: str) -> float:
+    """Quantised GEMM weights of one layer of ``kind`` on one GPU (bf16_layers' kinds)."""
+    if model.is_hybrid:
+        return hybrid_gemm_params_per_gpu(model, plan, kind)
+    if kind == "moe":
+        return moe_layer_gemm_params_per_gpu(model, plan)
+    return layer_gemm_params_per_gpu(model, plan.tp)
 
 
 def _state_bytes(training: TrainingSpec, plan: Plan, group: int) -> tuple[float, float, float]:

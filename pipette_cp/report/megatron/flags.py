@@ -138,19 +138,24 @@ def precision_flags(instance: Instance) -> list[Flag]:
     """``--bf16`` / ``--fp16``; for fp8 ``--bf16`` with ``--fp8-format`` and ``--fp8-recipe``
     (Transformer Engine runs the layer GEMMs in FP8, everything else stays bf16) and, for
     delayed scaling, its amax history (:data:`DELAYED_AMAX`); for fp4 ``--bf16`` with
-    ``--fp4-format e2m1 --fp4-recipe nvfp4`` (the layer GEMMs in NVFP4)."""
+    ``--fp4-format e2m1 --fp4-recipe nvfp4`` (the layer GEMMs in NVFP4); with either, the
+    layers kept in bf16 (``--first-last-layers-bf16`` and how many at each end)."""
     t = instance.training
-    if t.precision == "fp4":
-        return [("--bf16", None), ("--fp4-format", "e2m1"), ("--fp4-recipe", "nvfp4")]
-    if t.precision != "fp8":
+    if t.precision not in ("fp8", "fp4"):
         return [(f"--{t.precision}", None)]
-    recipe = fp8_recipe(t)
-    flags: list[Flag] = [
-        ("--bf16", None),
-        ("--fp8-format", fp8_format(t)),
-        ("--fp8-recipe", recipe),
-    ]
-    return flags + list(DELAYED_AMAX) if recipe == "delayed" else flags
+    if t.precision == "fp4":
+        flags: list[Flag] = [("--bf16", None), ("--fp4-format", "e2m1"), ("--fp4-recipe", "nvfp4")]
+    else:
+        recipe = fp8_recipe(t)
+        flags = [("--bf16", None), ("--fp8-format", fp8_format(t)), ("--fp8-recipe", recipe)]
+        flags += list(DELAYED_AMAX) if recipe == "delayed" else []
+    if t.bf16_first_layers + t.bf16_last_layers:
+        flags += [
+            ("--first-last-layers-bf16", None),
+            ("--num-layers-at-start-in-bf16", str(t.bf16_first_layers)),
+            ("--num-layers-at-end-in-bf16", str(t.bf16_last_layers)),
+        ]
+    return flags
 
 
 def model_args(instance: Instance) -> list[str]:

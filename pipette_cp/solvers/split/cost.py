@@ -39,6 +39,7 @@ from pipette_cp.errors import InfeasibleError, LayoutError
 from pipette_cp.solvers.cuts import Cut, supporting_cut
 from pipette_cp.specs import Instance, Plan
 from pipette_cp.specs.model import ModelSpec
+from pipette_cp.specs.training import TrainingSpec
 from pipette_cp.units import GB
 
 #: Relative hair of the finite-difference cuts (supporting_cut's default is 1e-7): the
@@ -379,14 +380,19 @@ def split_cost(
         forward_slope_s=f_slope, forward_const_s=one.forward_s - f_slope,
         backward_slope_s=b_slope, backward_const_s=one.backward_s - b_slope,
         tails=tails, envelope=envelope, memory=MemoryModel(const, w, x, limits),
-        chunk_spread=chunk_spread, exact=uniform_layers(model),
+        chunk_spread=chunk_spread, exact=uniform_layers(model, training),
     )  # fmt: skip
 
 
-def uniform_layers(model: ModelSpec) -> bool:
-    """Whether every layer of ``model`` costs the same: no hybrid pattern, and either no
-    experts or experts in every layer."""
-    return not model.is_hybrid and (not model.is_moe or model.num_dense_layers == 0)
+def uniform_layers(model: ModelSpec, training: TrainingSpec) -> bool:
+    """Whether every layer of ``model`` costs the same: no hybrid pattern, either no
+    experts or experts in every layer, and no layer kept in bf16 under a quantised
+    precision (:mod:`pipette_cp.cost.workload.bf16_layers`)."""
+    bf16 = (
+        training.precision in ("fp8", "fp4")
+        and training.bf16_first_layers + training.bf16_last_layers
+    )
+    return not model.is_hybrid and (not model.is_moe or model.num_dense_layers == 0) and not bf16
 
 
 # -------------------------------------------------------- master problem result

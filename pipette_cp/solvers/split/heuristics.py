@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -137,11 +138,16 @@ def prefer_simple(
 
 
 def polish_unequal_layers(
-    instance: Instance, plan: Plan, cost: SplitCost, candidates: tuple[np.ndarray, ...]
+    instance: Instance,
+    plan: Plan,
+    cost: SplitCost,
+    candidates: tuple[np.ndarray, ...],
+    admits: Callable[[np.ndarray], bool] = lambda split: True,
 ) -> tuple[np.ndarray, float]:
     """The fastest split of ``candidates`` and the even split under the evaluator itself
     (:meth:`~pipette_cp.cost.evaluator.evaluate.Evaluator.iteration_time`) among those
-    that pass the checker's memory check and keep the chunk balance, then improved by
+    that pass the checker's memory check, keep the chunk balance and satisfy ``admits``
+    (the user's constraint families), then improved by
     moving one layer across a boundary of neighbouring chunks while that helps (at most
     :data:`POLISH_EVALUATIONS` evaluations).  For layers of unequal cost, where the
     split models' affine forms are approximations.
@@ -160,7 +166,9 @@ def polish_unequal_layers(
         trial = plan.model_copy(
             update={"layer_split": tuple(int(n) for n in split), "evaluation": None}
         )
-        if split.min() < 1 or not cost.balanced(split) or check_memory_limit(instance, trial):
+        if split.min() < 1 or not cost.balanced(split) or not admits(split):
+            return math.inf
+        if check_memory_limit(instance, trial):
             return math.inf
         return evaluator.iteration_time(trial)
 
@@ -169,8 +177,9 @@ def polish_unequal_layers(
     best_s, index = min((score(c), i) for i, c in enumerate(pool))
     best = pool[index]
     if not math.isfinite(best_s):
-        raise InfeasibleError(f"no layer split of {plan.layout()} found that fits in memory "
-                              "(layers of unequal cost: even, greedy and solved splits tried)")  # fmt: skip
+        raise InfeasibleError(f"no layer split of {plan.layout()} found that fits in memory and "
+                              "the constraint families (layers of unequal cost: even, greedy "
+                              "and solved splits tried)")  # fmt: skip
     improved = True
     while improved and spent < POLISH_EVALUATIONS:
         improved = False

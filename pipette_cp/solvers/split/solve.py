@@ -59,7 +59,7 @@ from pipette_cp.solvers import work_meter as work
 from pipette_cp.solvers.options import SPLIT_WORK_SHARE, SolveOptions
 from pipette_cp.solvers.split.cost import SplitCost, split_cost
 from pipette_cp.solvers.split.cpsat import CpSatSplitBackend
-from pipette_cp.solvers.split.families import split_families
+from pipette_cp.solvers.split.families import UserSplitFamily, split_families
 from pipette_cp.solvers.split.heuristics import (
     feasible_start,
     local_search,
@@ -235,7 +235,11 @@ def _split(instance: Instance, plan: Plan, options: SolveOptions, backend: Backe
     if not users:
         best, best_s = prefer_simple(cost, best, best_s)
     if not cost.exact:  # the affine forms approximate unequal layers: no bound, no claim
-        best, best_s = polish_unequal_layers(instance, plan, cost, (np.asarray(best), start))
+        user = [f for f in families if isinstance(f, UserSplitFamily)]
+        best, best_s = polish_unequal_layers(
+            instance, plan, cost, (np.asarray(best), start),
+            admits=lambda split: all(f.admits(cost, split) for f in user),
+        )  # fmt: skip
         bound, status = -math.inf, "feasible"
     proven = bound if math.isfinite(bound) else None
     return SplitResult(

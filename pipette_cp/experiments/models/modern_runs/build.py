@@ -215,7 +215,8 @@ def row_training(row: dict[str, str], global_batch: int) -> TrainingSpec:
     """The row's precision (NVFP4 rows as ``fp4``) and FP8 recipe, overlap flags (stated,
     else on), dispatcher;
     Transformer Engine's cuDNN fused attention on every GPU, in FP8 where the row says so
-    (MLPerf's ``FP8_DPA``); LoRA rows with the MLPerf benchmark's adapters
+    (MLPerf's ``FP8_DPA``); the layers kept in bf16 as the row states them
+    (:func:`bf16_end_layers`); LoRA rows with the MLPerf benchmark's adapters
     (:data:`.features.MLPERF_LORA`)."""
     label = precision_label(row)
     fp8 = label not in ("bf16", "nvfp4")
@@ -223,6 +224,7 @@ def row_training(row: dict[str, str], global_batch: int) -> TrainingSpec:
     fmt = first_word(row["fp8_format"]) or None
     tp = _int(row["tp"], 1)
     flex = "flex" in row["notes"].lower()
+    first, last = bf16_end_layers(row) if fp8 or label == "nvfp4" else (0, 0)
     return TrainingSpec(
         global_batch_size=global_batch, seq_length=seq_length(row), lora=lora(row),
         precision="fp8" if fp8 else "fp4" if label == "nvfp4" else "bf16",
@@ -234,8 +236,28 @@ def row_training(row: dict[str, str], global_batch: int) -> TrainingSpec:
         fused_cross_entropy=True, moe_token_dispatcher="flex" if flex else "alltoall",
         moe_grouped_gemm=True, moe_pad_to_capacity="tokendrop" in row["model_name"],
         attention_kernel="cudnn", fp8_attention=true_cell(row["fp8_attention"]),
+        bf16_first_layers=first, bf16_last_layers=last,
         framework=FrameworkProfile(name=FRAMEWORK[source_family(row)]),
     )  # fmt: skip
+
+
+#: Megatron-Bridge's Nemotron-H providers keep the first and last layer in bf16 under
+#: FP8 and NVFP4 (``NemotronHModelProvider.first_last_layers_bf16 = True``,
+#: ``src/megatron/bridge/models/nemotronh/nemotron_h_provider.py``, with Megatron's
+#: ``num_layers_at_start_in_bf16`` and ``num_layers_at_end_in_bf16`` of 1).
+NEMOTRON_BF16_END_LAYERS = (1, 1)
+
+
+def bf16_end_layers(row: dict[str, str]) -> tuple[int, int]:
+    """The layers kept in bf16 at the start and the end: as the row states them
+    (``first/last``), else Nemotron-H's provider default on a Megatron-Bridge Nemotron row
+    (:data:`NEMOTRON_BF16_END_LAYERS`), else none."""
+    stated = re.fullmatch(r"(\d+)/(\d+)", first_word(row["bf16_first_last_layers"]))
+    if stated:
+        return int(stated.group(1)), int(stated.group(2))
+    if is_bridge(row) and model_key(row).startswith("nemotron"):
+        return NEMOTRON_BF16_END_LAYERS
+    return 0, 0
 
 
 # ------------------------------------------------------------------------- plan
