@@ -2,11 +2,14 @@
 handling, and the one place where every command and command group is registered.
 
 Every :class:`~pipette_cp.errors.PipetteError` becomes one line on stderr and
-the error's exit code; ``--debug`` shows the traceback instead.
+the error's exit code; ``--debug`` shows the traceback instead.  SIGTERM and SIGHUP
+stop a run as Ctrl-C does (:func:`interrupt_on_stop_signals`).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Annotated, Any
 
 import typer
@@ -75,8 +78,31 @@ app.add_typer(bench.bench_app, name="bench")
 app.add_typer(cluster.cluster_app, name="cluster")
 
 
+#: Signals that stop a run as Ctrl-C does (the search ends its workers and keeps the
+#: best plan found): a scheduler's or a shell's termination, a closed terminal.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def interrupt_on_stop_signals() -> None:
+    """Make :data:`STOP_SIGNALS` raise :class:`KeyboardInterrupt` in this process; a
+    process forked from it (a worker) ends on them as by default."""
+    main_pid = os.getpid()
+
+    def stop(signum: int, frame: object) -> None:
+        del frame
+        if os.getpid() != main_pid:  # a forked worker: the default end
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, stop)
+
+
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: SIGTERM and SIGHUP stop a run as Ctrl-C does."""
+    interrupt_on_stop_signals()
     app()
 
 

@@ -65,10 +65,7 @@ def check_workers(
     if executor not in EXECUTORS:
         raise SpecError("--executor", executor, f"expected one of {', '.join(EXECUTORS)}")
     if jobs is not None:
-        try:
-            check_jobs(jobs)
-        except SpecError:
-            raise SpecError("--jobs", jobs, "must be a whole number of workers >= 1") from None
+        check_jobs(jobs, executor, "--jobs")
     if snapshots and (jobs not in (None, 1) or executor != "local"):
         raise SpecError("--jobs", jobs, "the search over --snapshots runs in one process")
     if ray_address is not None and executor != "ray":
@@ -119,9 +116,13 @@ def instance_text(inst: Instance, at: Path, cluster: Path | None, profile: Path 
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file renamed into place."""
+    """Write ``text`` to ``path`` through a temporary file renamed into place, with the
+    permissions a plain write would give it (0666 less the umask; ``mkstemp`` makes 0600)."""
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    mask = os.umask(0)
+    os.umask(mask)
     try:
+        os.fchmod(handle, 0o666 & ~mask)
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write(text)
         os.replace(temporary, path)

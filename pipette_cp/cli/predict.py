@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from pipette_cp.cli.console import console
+from pipette_cp.cli.console import console, err_console
 from pipette_cp.cli.knob_flags import NO_VALUES, plan_options, resolve_plan_defaults, splice
 from pipette_cp.cli.options import (
     NO_REPLACEMENTS,
@@ -30,6 +30,11 @@ from pipette_cp.io.instance_file import DEFAULT_INSTANCE
 from pipette_cp.report.evaluation import evaluation_json, evaluation_table
 from pipette_cp.specs._base import spec_error_from
 from pipette_cp.specs.layouts import make_plan
+from pipette_cp.units import GB
+
+#: ``predict``'s exit code for a layout that does not fit in memory (its prediction is
+#: still printed): the code of "nothing fits" elsewhere.
+NOT_FITTING_EXIT = 3
 
 
 class Predictor(StrEnum):
@@ -144,3 +149,12 @@ def predict(
             f"{assumptions(inst, replace)}; {steps} micro-batches per step", highlight=False
         )
         console.print(evaluation_table(plan, evaluation, memory))
+    if not evaluation.fits:  # the prediction stands, but the layout would not run
+        bound = evaluation.memory_bound_bytes_by_stage
+        worst = max(range(len(bound)), key=bound.__getitem__)
+        err_console.print(
+            f"does not fit: stage {worst} needs {bound[worst] / GB:.1f} GB (peak and margin), "
+            f"{evaluation.memory_limit_bytes / GB:.1f} GB usable (exit code {NOT_FITTING_EXIT})",
+            highlight=False,
+        )
+        raise typer.Exit(NOT_FITTING_EXIT)

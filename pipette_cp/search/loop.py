@@ -163,7 +163,7 @@ def search(instance: Instance, options: SearchOptions = DEFAULT_OPTIONS) -> Sear
     """
     start = time.perf_counter()
     method, deterministic = options.method, options.deterministic
-    check_jobs(options.jobs)
+    check_jobs(options.jobs, options.executor)
     if deterministic and method in NOT_DETERMINISTIC:
         raise SpecError("method", method, NOT_DETERMINISTIC[method] + " with deterministic=True")
     if method in MILP_METHODS:  # before any work: every solve would fail

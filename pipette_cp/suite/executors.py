@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from pipette_cp.errors import SpecError
 from pipette_cp.search.executors.ray_actors import check_address, import_ray
+from pipette_cp.search.executors.workers import check_jobs
 from pipette_cp.suite.jobs import CRASH, BenchRow, Job, failed_row, run_job
 
 #: Executor names accepted by :func:`make_executor` (and ``--executor``).
@@ -74,7 +75,16 @@ class PoolExecutor:
                 yield failed_row(job, CRASH, f"worker failed: {type(exc).__name__}: {exc}")
 
     def close(self) -> None:
+        """Cancel the waiting jobs and end the running ones (an interrupted run leaves no
+        worker behind)."""
+        # the pool keeps its processes in a private dict (None once shut down)
+        processes = list((getattr(self._pool, "_processes", None) or {}).values())
         self._pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+        for process in processes:
+            process.join(timeout=5)
 
 
 class RayExecutor:
@@ -116,8 +126,7 @@ class RayExecutor:
 def make_executor(name: str = "local", jobs: int = 1, address: str | None = None) -> Executor:
     """The executor called ``name`` with ``jobs`` parallel workers (``address``: of a
     running Ray cluster, with ``"ray"`` only)."""
-    if jobs < 1:
-        raise SpecError("--jobs", jobs, "expected at least 1")
+    check_jobs(jobs, name, "--jobs")
     if address is not None and name != "ray":
         raise SpecError("--ray-address", address, "applies to --executor ray only")
     if name == "local":

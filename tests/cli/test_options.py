@@ -149,3 +149,39 @@ def test_an_instance_on_a_fabric_is_written_inline_and_reloads(tmp_path: Path) -
     again = load_instance(at)
     assert again.cluster.fabric == cluster.fabric
     assert again.cluster.node_names == cluster.node_names
+
+
+def test_written_files_follow_the_umask(tmp_path) -> None:
+    """A plan or instance file is written as a plain write would make it (0666 less the
+    umask), not with the temporary file's 0600."""
+    import os
+    import stat
+
+    from pipette_cp.cli.outputs import write_atomically
+
+    old = os.umask(0o022)
+    try:
+        write_atomically(tmp_path / "plan.json", "{}")
+        os.umask(0o077)
+        write_atomically(tmp_path / "private.json", "{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "plan.json").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "private.json").stat().st_mode) == 0o600
+    assert (tmp_path / "plan.json").read_text() == "{}"
+
+
+def test_predict_exits_3_for_a_layout_that_does_not_fit() -> None:
+    """The prediction is printed, the verdict goes to stderr, the exit code says it."""
+    from typer.testing import CliRunner
+
+    from pipette_cp.cli import app
+
+    result = CliRunner().invoke(app, ["predict", "gpt3-1.3b-nominal-8", "--tp", "1", "--pp", "1",
+                                      "--mb", "64", "--json"])  # fmt: skip
+    assert result.exit_code == 3
+    assert '"fits": false' in result.stdout
+    assert "does not fit: stage 0 needs" in result.stderr
+    fits = CliRunner().invoke(app, ["predict", "gpt3-1.3b-nominal-8", "--tp", "1", "--pp", "1",
+                                    "--mb", "1"])  # fmt: skip
+    assert fits.exit_code == 0, fits.output

@@ -26,7 +26,7 @@ def make_runner(instance: Instance, layouts: Sequence[Plan], options: SearchOpti
         options.executor,
         options.ray_address,
     )
-    check_jobs(jobs)
+    check_jobs(jobs, executor)
     if executor == "ray":
         return RayRunner(instance, method, layouts, jobs, address)
     if executor != "local":

@@ -56,10 +56,23 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def check_jobs(jobs: int) -> int:
-    """``jobs`` if it is a positive count, else a SpecError naming it."""
+#: Most Ray workers a search or a bench run starts (Ray queues what its cluster's CPUs
+#: cannot run at once, so more only add start-up).
+MAX_RAY_JOBS = 1024
+
+
+def check_jobs(jobs: int, executor: str = "local", field: str = "jobs") -> int:
+    """``jobs`` if it is a positive count within the cap, else a SpecError naming ``field``:
+    local worker processes at most the cores this process may run on
+    (:func:`default_jobs`: more would only share them), Ray workers at most
+    :data:`MAX_RAY_JOBS`."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise SpecError("jobs", jobs, "must be a whole number of worker processes >= 1")
+        raise SpecError(field, jobs, "must be a whole number of worker processes >= 1")
+    if executor == "ray" and jobs > MAX_RAY_JOBS:
+        raise SpecError(field, jobs, f"at most {MAX_RAY_JOBS} Ray workers")
+    if executor != "ray" and jobs > (cores := default_jobs()):
+        raise SpecError(field, jobs, f"at most {cores} worker processes here (the cores this "
+                        "process may run on; more would only share them)")  # fmt: skip
     return jobs
 
 
@@ -94,6 +107,8 @@ def _init(instance: Instance, method: str, layouts: Sequence[Plan], worker: bool
     initializer that raises would break the pool instead)."""
     if worker:  # Ctrl-C is the search's to handle: it stops the workers itself
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for signum in (signal.SIGTERM, signal.SIGHUP):  # not the command's handlers
+            signal.signal(signum, signal.SIG_DFL)
     _STATE.clear()
     try:
         _STATE.update(instance=instance, method=get_method(method), layouts=layouts,
