@@ -28,6 +28,7 @@ import yaml
 
 from pipette_cp.clusters.generators.registry import generate, generate_timeline
 from pipette_cp.errors import InputFileError, SpecError
+from pipette_cp.io.cluster_file import FORMAT as CLUSTER_FORMAT
 from pipette_cp.io.cluster_file import cluster_from_mapping, read_cluster_file
 from pipette_cp.io.files import parse_yaml, read_mapping, read_text
 from pipette_cp.io.model_file import load_model, model_from_mapping
@@ -167,11 +168,19 @@ def bundled_instance_file(name_or_path: str | Path) -> Path:
     return real
 
 
+#: Keys of a cluster file that no instance has (a cluster file given as an instance).
+_CLUSTER_ONLY_KEYS = frozenset({"gpu", "node_gpu_types", "gpus_per_node", "node_bandwidth_gb_per_s",
+                                "gpu_bandwidth_gb_per_s", "fabric", "node_names"})  # fmt: skip
+
+
 def instance_from_mapping(
     data: dict[str, Any], *, base_dir: Path = INSTANCES_DIR, default_name: str = "instance"
 ) -> Instance:
     """Build an :class:`Instance` from the parsed YAML of an instance file."""
     unknown = sorted(set(data) - _PARTS, key=repr)  # YAML keys may be null, numbers or ''
+    if unknown and "model" not in data and set(data) & _CLUSTER_ONLY_KEYS:
+        raise SpecError("format", data.get("format"), "this looks like a cluster file "
+                        f"without its 'format: {CLUSTER_FORMAT}' line (add it)")  # fmt: skip
     if unknown:
         key = unknown[0]
         raise SpecError(

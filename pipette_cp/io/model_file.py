@@ -90,6 +90,8 @@ def _unknown_name(name: str, known: list[str]) -> SpecError:
 def _load_bundled(name: str) -> ModelSpec:
     known = list_models()
     matches = [k for k in known if k == name] or [k for k in known if k.lower() == name.lower()]
+    if not matches and Path(name).exists():  # a file or folder here, named without a slash
+        return _load_path(Path(name))
     if not matches:
         raise _unknown_name(name, known)
     stem = matches[0]
@@ -110,7 +112,8 @@ def load_model(name_or_path: str | Path) -> ModelSpec:
         path to a ``.yaml``/``.json`` file of ModelSpec fields, or a path to a
         Hugging Face ``config.json`` or to the directory holding one.  A string
         is a path when it contains a slash or ends in ``.yaml``, ``.yml`` or
-        ``.json``; a :class:`~pathlib.Path` always is.
+        ``.json``, or when it names no bundled model but a file or folder that exists;
+        a :class:`~pathlib.Path` always is.
 
     Raises
     ------

@@ -99,6 +99,21 @@ class PairExceptions(_ArraySpec):
     )
 
 
+def _check_once(field: str, pairs: PairExceptions, top: int) -> None:
+    """Each directed pair listed once: a second entry would contradict or repeat the
+    first (which one the cost model used would be an accident of the order)."""
+    keys = pairs.src * top + pairs.dst
+    _, first, counts = np.unique(keys, return_index=True, return_counts=True)
+    if (counts > 1).any():
+        i = int(first[np.flatnonzero(counts > 1)[0]])
+        again = int(np.flatnonzero(keys == keys[i])[1])
+        bw = pairs.bandwidth_bytes_per_s
+        raise SpecError(f"{field}.src[{again}]", int(pairs.src[again]),
+                        f"the pair {int(pairs.src[i])} -> {int(pairs.dst[i])} is listed again "
+                        f"(entries {i} and {again}: {bw[i] / 1e9:g} and {bw[again] / 1e9:g} "
+                        "GB/s); give each pair once")  # fmt: skip
+
+
 class HierarchicalFabric(_ArraySpec):
     """Nodes of ``gpus_per_node`` GPUs in nested switch levels, plus exceptions."""
 
@@ -155,6 +170,7 @@ class HierarchicalFabric(_ArraySpec):
             if same.size:
                 raise SpecError(f"{field}.dst[{same[0]}]", int(pairs.dst[same[0]]),
                                 "a pair needs two different ends")  # fmt: skip
+            _check_once(field, pairs, top)
         return self
 
     @property

@@ -87,6 +87,24 @@ class Instance(FrozenSpec):
         )
 
     @model_validator(mode="after")
+    def _one_vendor(self) -> Instance:
+        """One job runs on one vendor's GPUs: NCCL (NVIDIA) and RCCL (AMD) form no
+        communicator together, and the frameworks build for one of them."""
+        cluster, excluded = self.cluster, set(self.search_space.exclude_nodes)
+        kinds: dict[str, set[str]] = {}
+        for node, kind in enumerate(cluster.node_gpu_types):
+            if cluster.node_names[node] not in excluded:
+                kinds.setdefault(cluster.gpu_types[kind].vendor, set()).add(kind)
+        if len(kinds) > 1:
+            found = "; ".join(f"{v}: {', '.join(sorted(k))}" for v, k in sorted(kinds.items()))
+            raise ValueError(
+                f"cluster.node_gpu_types: nodes of two vendors ({found}); one job runs on one "
+                "vendor's GPUs (NCCL and RCCL form no communicator together): exclude the "
+                "other's nodes (search_space.exclude_nodes) or plan each part as its own job"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _bf16_layers_within_the_model(self) -> Instance:
         t, layers = self.training, self.model.num_layers
         if t.bf16_first_layers + t.bf16_last_layers > layers:

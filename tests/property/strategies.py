@@ -171,7 +171,7 @@ _GPU_NAMES = sorted(GPU_CATALOG)
 @st.composite
 def cluster_file_fields(draw: st.DrawFn, max_nodes: int = 6) -> dict[str, Any]:
     """The fields of a cluster file with a random node matrix: failed (0 / null) pairs,
-    asymmetric links, and sometimes mixed GPU types."""
+    asymmetric links, and sometimes mixed GPU types (of one vendor)."""
     gpn = draw(st.sampled_from([1, 2, 4, 8]))
     n = draw(st.integers(1, min(max_nodes, MAX_GPUS // gpn)))
     failed = st.sampled_from([0, None])  # both mean a failed pair
@@ -198,8 +198,10 @@ def cluster_file_fields(draw: st.DrawFn, max_nodes: int = 6) -> dict[str, Any]:
         "nic_bandwidth_gb_per_s": draw(st.floats(1, 100).map(lambda x: round(x, 2))),
         "intra_node_bandwidth_gb_per_s": draw(st.floats(10, 500).map(lambda x: round(x, 1))),
     }
-    if draw(st.booleans()):
-        fields["node_gpu_types"] = [draw(st.sampled_from(_GPU_NAMES)) for _ in range(n)]
+    if draw(st.booleans()):  # mixed types of one vendor (one job runs on one vendor's GPUs)
+        vendor = draw(st.sampled_from(sorted({g.vendor for g in GPU_CATALOG.values()})))
+        names = [k for k in _GPU_NAMES if GPU_CATALOG[k].vendor == vendor]
+        fields["node_gpu_types"] = [draw(st.sampled_from(names)) for _ in range(n)]
     else:
         fields["gpu"] = draw(st.sampled_from([*_GPU_NAMES, "a100", "h100", "v100"]))
     return fields

@@ -135,8 +135,8 @@ def test_predict_takes_it() -> None:
     runner = CliRunner()
     args = ["predict", "llama-3-8b-g2-64", "--training", "precision=fp8", "--dist-opt",
             "--tp", "1", "--pp", "1", "--json"]  # fmt: skip
-    off = json.loads(runner.invoke(app, args).output)
-    on = json.loads(runner.invoke(app, [*args, "--fp8-param-gather"]).output)
+    off = json.loads(runner.invoke(app, args).stdout)
+    on = json.loads(runner.invoke(app, [*args, "--fp8-param-gather"]).stdout)
     # Llama 3 8B: about 7.0e9 GEMM weights (dp 64 shards only the optimizer state), 2 B each
     assert off["memory_gb_per_gpu_max"] - on["memory_gb_per_gpu_max"] == pytest.approx(
         14.0, abs=0.1
