@@ -18,6 +18,7 @@ from pipette_cp.cli.options import RayAddressOption
 from pipette_cp.cli.progress import progress_bar
 from pipette_cp.errors import PipetteError, SpecError
 from pipette_cp.io.instance_file import bundled_instance_file, load_best_known, write_best_known
+from pipette_cp.io.output_paths import check_output_dir, output_error
 from pipette_cp.specs import BestKnown
 from pipette_cp.suite import (
     DEFAULT_DB,
@@ -54,10 +55,16 @@ _DB = typer.Option("--db", help="SQLite store of the results.")
 
 
 def _list(option: str, text: str, kind: type) -> list[Any]:
+    """The comma-separated values of ``option``; a value given twice is refused (it would
+    run, or sweep, the same jobs twice)."""
     try:
-        return [kind(x) for x in text.split(",") if x.strip()]
+        values = [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise SpecError(option, text, f"expected comma-separated {kind.__name__} values") from None
+    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    if twice is not None:
+        raise SpecError(option, text, f"{twice} is given twice")
+    return values
 
 
 def _sweep(nodes: str | None, model: str | None, batch: str | None, seq: str | None) -> Sweep:
@@ -206,6 +213,7 @@ def report_cmd(
     """Per-instance iteration times, speed-ups of the solvers, geometric means, flags."""
     if fmt not in ("markdown", "csv"):
         raise SpecError("--format", fmt, "expected markdown or csv")
+    check_output_dir(plots, "--plots")
     with BenchStore(db, readonly=True) as store:  # a report never writes the store
         rows = store.rows()
     report = build_report(rows, _best_known({r.instance for r in rows}), time_limit)
@@ -213,7 +221,10 @@ def report_cmd(
     if plots is not None:
         from pipette_cp.suite.plots import write_plots  # matplotlib only when asked
 
-        written, skipped = write_plots(report, rows, plots)
+        try:
+            written, skipped = write_plots(report, rows, plots)
+        except OSError as exc:
+            raise output_error("--plots", plots, exc) from None
         for path in written:
             err_console.print(f"wrote {path}", highlight=False)
         for line in skipped:

@@ -11,6 +11,7 @@ import typer
 from pipette_cp.cli.console import console
 from pipette_cp.cli.options import PlanInstanceOption, load_plan
 from pipette_cp.errors import SpecError
+from pipette_cp.io.output_paths import check_output_file, save_figure
 from pipette_cp.report.sensitivity.analysis import sensitivity
 from pipette_cp.report.sensitivity.view import (
     sensitivity_figure,
@@ -40,6 +41,7 @@ def explain(
         raise SpecError("--factor", factor, "a bandwidth multiplier in (0, 1), e.g. 0.5 = halved")
     if top < 1:
         raise SpecError("--top", top, "must be at least 1")
+    check_output_file(plot, "--plot")
     plan, inst = load_plan(plan_file, instance)
     report = sensitivity(inst, plan, factor=factor, top=top)
     if as_json:
@@ -47,7 +49,7 @@ def explain(
     else:
         console.print(sensitivity_tables(report))
     if plot is not None:
-        sensitivity_figure(report).savefig(plot, dpi=130)
+        save_figure(sensitivity_figure(report), plot, "--plot")
         message = f"wrote {plot}"
         if as_json:
             typer.echo(message, err=True)

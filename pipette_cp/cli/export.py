@@ -11,6 +11,12 @@ from pipette_cp.cli.console import console
 from pipette_cp.cli.options import PlanInstanceOption, load_plan
 from pipette_cp.cost.evaluator.evaluate import simulate
 from pipette_cp.errors import SpecError
+from pipette_cp.io.output_paths import (
+    check_output_dir,
+    check_output_file,
+    output_error,
+    save_figure,
+)
 from pipette_cp.report.launch import write_launch_files
 from pipette_cp.report.megatron.flags import check_export, megatron_args, megatron_notes
 from pipette_cp.report.plots import placement_figure, timeline_figure
@@ -45,6 +51,7 @@ def export(
 
     Plans that do not fit in memory, with an empty stage, or (with --check) with flags
     Megatron-LM would reject are refused."""
+    check_output_dir(hostfile, "--hostfile")
     plan, inst = load_plan(plan_file, instance)
     check_export(inst, plan, flags=check)
     args = megatron_args(inst, plan)
@@ -53,7 +60,11 @@ def export(
             "".join(f"# {note}\n" for note in megatron_notes(inst, plan)) + " \\\n".join(args)
         )
     if hostfile is not None:
-        for path in write_launch_files(inst, plan, hostfile, args):
+        try:
+            written = write_launch_files(inst, plan, hostfile, args)
+        except OSError as exc:
+            raise output_error("--hostfile", hostfile, exc) from None
+        for path in written:
             console.print(f"wrote {path}", highlight=False)
 
 
@@ -72,11 +83,13 @@ def plot(
     """Draw the simulated pipeline timeline and the placement over the bandwidth matrix."""
     if timeline is None and placement is None:
         raise SpecError("--timeline/--placement", None, "give at least one output file")
+    check_output_file(timeline, "--timeline")
+    check_output_file(placement, "--placement")
     plan, inst = load_plan(plan_file, instance)
     if timeline is not None:
         figure = timeline_figure(simulate(inst, plan), f"{inst.name}: {plan.layout()}")
-        figure.savefig(timeline, dpi=130)
+        save_figure(figure, timeline, "--timeline")
         console.print(f"wrote {timeline}", highlight=False)
     if placement is not None:
-        placement_figure(inst, plan).savefig(placement, dpi=130)
+        save_figure(placement_figure(inst, plan), placement, "--placement")
         console.print(f"wrote {placement}", highlight=False)

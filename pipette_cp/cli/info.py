@@ -17,6 +17,7 @@ from pipette_cp.io.cluster_file import read_cluster_file
 from pipette_cp.io.files import read_mapping
 from pipette_cp.io.instance_file import DEFAULT_INSTANCE, list_instances, load_instance
 from pipette_cp.io.model_file import list_models
+from pipette_cp.io.output_paths import check_output_dir, output_error
 from pipette_cp.report.show import cluster_table, instance_report
 from pipette_cp.specs import GPU_CATALOG, SCHEMA_SPECS
 
@@ -84,8 +85,13 @@ def schema(
     ],
 ) -> None:
     """Export the JSON schema of every spec (model, cluster, training, plan, ...)."""
-    out.mkdir(parents=True, exist_ok=True)
-    for spec in SCHEMA_SPECS:
-        path = out / f"{spec.__name__}.schema.json"
-        path.write_text(json.dumps(spec.model_json_schema(), indent=2) + "\n", encoding="utf-8")
-        console.print(f"wrote {path}", highlight=False)
+    check_output_dir(out, "--out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for spec in SCHEMA_SPECS:
+            path = out / f"{spec.__name__}.schema.json"
+            text = json.dumps(spec.model_json_schema(), indent=2) + "\n"
+            path.write_text(text, encoding="utf-8")
+            console.print(f"wrote {path}", highlight=False)
+    except OSError as exc:
+        raise output_error("--out", out, exc) from None

@@ -81,7 +81,7 @@ MemoryHeadroomOption = Annotated[
     str | None,
     typer.Option(
         "--memory-headroom",
-        help="Memory kept free per GPU: GiB (e.g. 4 or 4GiB) or a fraction or percentage "
+        help="Memory kept free per GPU: GiB (e.g. 4 or 4GiB), GB (4GB) or a fraction or percentage "
         "of its memory (0.05, 5%) [default: 2%, at least 1 GiB].",
     ),
 ]
@@ -154,10 +154,12 @@ def parse_assignments(option: str, items: list[str]) -> dict[str, object]:
 
 def parse_headroom(text: str) -> dict[str, float | None]:
     """``--memory-headroom`` as the training fields it sets: ``4`` / ``4GiB`` -> 4 GiB in
-    bytes, ``0.05`` / ``5%`` -> the fraction 0.05.
+    bytes, ``4GB`` -> 4e9 bytes, ``0.05`` / ``5%`` -> the fraction 0.05.
 
     >>> parse_headroom("4GiB")["memory_headroom_bytes"] == 4 * 2**30
     True
+    >>> parse_headroom("5GB")["memory_headroom_bytes"]
+    5000000000.0
     >>> parse_headroom("5%"), parse_headroom("0.1")["memory_headroom_fraction"]
     ({'memory_headroom_bytes': None, 'memory_headroom_fraction': 0.05}, 0.1)
     """
@@ -169,15 +171,16 @@ def parse_headroom(text: str) -> dict[str, float | None]:
         value = float(number)
     except ValueError:
         value = float("nan")
-    gib = lowered.endswith(("gib", "gb"))
-    if not value > 0 or value == float("inf") or (percent and value >= 100) or (gib and value < 1):
+    unit = 2**30 if lowered.endswith("gib") else 1e9 if lowered.endswith("gb") else None
+    if not value > 0 or value == float("inf") or (percent and value >= 100) or (unit and value < 1):
         raise SpecError(
             "--memory-headroom", raw,
-            "expected GiB from 1 up (4, 4GiB), a fraction below 1 (0.05) or a percentage (5%)",
+            "expected GiB from 1 up (4, 4GiB), GB (4GB = 4e9 bytes), a fraction below 1 "
+            "(0.05) or a percentage (5%)",
         )  # fmt: skip
-    if percent or value < 1:
+    if percent or (unit is None and value < 1):
         return {"memory_headroom_bytes": None, "memory_headroom_fraction": value / 100 if percent else value}  # fmt: skip
-    return {"memory_headroom_bytes": value * 2**30, "memory_headroom_fraction": None}
+    return {"memory_headroom_bytes": value * (unit or 2**30), "memory_headroom_fraction": None}
 
 
 @dataclass(frozen=True)
@@ -292,27 +295,36 @@ def read_plan(path: Path) -> Plan:
         raise InputFileError(path, str(spec_error_from(exc, "plan"))) from None
 
 
-def _recorded_instance(path: Path, plan: Plan) -> str | None:
-    """The plan's own instance: a bundled name, or an instance file (``.yaml``) named
-    relative to the plan's folder (or as written); None when it records none."""
+def _recorded_instance(path: Path, plan: Plan, given: str | None = None) -> str | None:
+    """The plan's own instance: a bundled name, or an instance file (``.yaml``) in the
+    plan's folder, named relative to it; None when it records none.  A recorded file
+    elsewhere is never opened (a plan is no key to other files): refused, or ignored when
+    ``given`` (``--instance``) stands in for it."""
     name = plan.instance
     if not name:
         return None
     if not name.endswith((".yaml", ".yml")):
         return name  # a bundled instance name (load_instance says if there is none)
-    beside = path.parent / name
-    return str(beside) if beside.is_file() else name
+    folder = path.parent.resolve()
+    beside = (path.parent / name).resolve()
+    if not beside.is_relative_to(folder):
+        if given is not None:
+            return None
+        raise SpecError("plan.instance", name, f"an instance file must be in the plan's folder "
+                        f"({folder}); pass --instance to name another")  # fmt: skip
+    return str(path.parent / name)
 
 
 def load_plan(path: Path, instance: str | None) -> tuple[Plan, Instance]:
     """A plan file and its instance (from ``--instance`` or the plan's own record).
 
-    The plan's record is a bundled instance name or an instance file next to the plan;
+    The plan's record is a bundled instance name or an instance file in the plan's
+    folder (no other file is opened for it);
     another ``--instance`` is accepted only for the same model and GPU count (the plan
     moved, or its instance was renamed), and a plan that does not fit the instance's
     layout rules is refused."""
     plan = read_plan(path)
-    recorded = _recorded_instance(path, plan)
+    recorded = _recorded_instance(path, plan, instance)
     if recorded is not None and not recorded.endswith((".yaml", ".yml")) and "/" in recorded:
         raise SpecError("plan.instance", recorded, "expected a bundled instance name or an instance .yaml file")  # fmt: skip
     name = instance or recorded

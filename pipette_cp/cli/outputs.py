@@ -19,6 +19,7 @@ from typing import Any
 
 from pipette_cp.errors import SpecError
 from pipette_cp.io.cluster_file import cluster_to_mapping, yaml_text
+from pipette_cp.io.output_paths import check_output_file
 from pipette_cp.search.executors.ray_actors import check_address, import_ray
 from pipette_cp.search.executors.runners import EXECUTORS
 from pipette_cp.search.executors.workers import check_jobs, default_jobs
@@ -34,15 +35,7 @@ MAX_TIME_LIMIT_S = 7 * 24 * 3600.0
 
 def check_output(out: Path | None) -> None:
     """Refuse an output path that cannot be written, before any work is done."""
-    if out is None:
-        return
-    folder = out.parent if str(out.parent) else Path(".")
-    if out.is_dir():
-        raise SpecError("--out", str(out), "is a directory; give a file name, e.g. plan.json")
-    if not folder.is_dir():
-        raise SpecError("--out", str(out), f"its folder {folder} does not exist")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise SpecError("--out", str(out), f"its folder {folder} is not writable")
+    check_output_file(out, "--out")
 
 
 def check_run_options(top: int, time_limit: float | None, seed: int) -> None:
@@ -86,6 +79,13 @@ def search_budget(time_limit: float, started_at: float) -> float:
     of it."""
     left = time_limit - (time.perf_counter() - started_at) - OUTPUT_RESERVE_S
     return max(left, 0.1 * time_limit)
+
+
+def outside_folder(instance: str, folder: Path) -> bool:
+    """Whether ``instance`` is an instance file (not a bundled name) outside ``folder``."""
+    if not instance.endswith((".yaml", ".yml")) and "/" not in instance:
+        return False
+    return not Path(instance).resolve().is_relative_to(folder.resolve())
 
 
 def instance_path(out: Path) -> Path:

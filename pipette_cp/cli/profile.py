@@ -17,6 +17,7 @@ import typer
 from pipette_cp.cli.console import err_console
 from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.model_file import load_model
+from pipette_cp.io.output_paths import check_output_file
 from pipette_cp.profiler import require_torch
 from pipette_cp.specs.profile import LayerProfileEntry
 from pipette_cp.specs.training import Recompute
@@ -103,8 +104,7 @@ def profile(
     """
     spec = load_model(model)
     tps, mbs, recomputes = _ints("--tp", tp), _ints("--mb", mb), _recompute(recompute)
-    if out is not None and not out.parent.is_dir():  # fail before minutes of measuring
-        raise InputFileError(out, f"cannot write: no directory {out.parent}")
+    check_output_file(out, "--out")  # fail before minutes of measuring
     require_torch()
     import torch
 

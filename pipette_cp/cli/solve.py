@@ -32,6 +32,7 @@ from pipette_cp.cli.outputs import (
     check_workers,
     instance_path,
     instance_text,
+    outside_folder,
     search_budget,
     write_atomically,
 )
@@ -138,7 +139,10 @@ def solve(
     check_output(out)  # before any work: a bad path must not cost the whole search
     inst = resolve_instance(instance, replace)
     cluster, profile = replace.cluster, replace.profile
-    if replace.any() and out is not None:  # the instance file no longer describes it
+    # the instance is written next to the plan when the command line replaced a part of
+    # it, or when its file lies outside the plan's folder (a plan opens no file elsewhere)
+    beside = replace.any() or (out is not None and outside_folder(instance, out.parent))
+    if beside and out is not None:
         instance = instance_path(out).name  # written next to the plan, after the search
     elif replace.any():
         instance = inst.name
@@ -168,7 +172,7 @@ def solve(
         if note.startswith("deterministic:"):
             err_console.print(note, style="dim", highlight=False)
     if out is not None:
-        write_plan(plans[0], out, inst if replace.any() else None, cluster, profile)
+        write_plan(plans[0], out, inst if beside else None, cluster, profile)
     if as_json:
         typer.echo(json.dumps(plans_json(plans), indent=1))
         return

@@ -25,6 +25,8 @@ with NVLink); None with fewer than two such pairs or a constant matrix.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from pydantic import Field
 
@@ -180,8 +182,12 @@ def compare_clusters(
         Different sizes, nodes of ``a`` missing from ``b`` (with ``by_name``),
         or a threshold <= 0.
     """
-    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or threshold <= 0:
-        raise SpecError("threshold", threshold, "expected a relative change > 0, e.g. 0.2")
+    if (
+        isinstance(threshold, bool)
+        or not isinstance(threshold, int | float)
+        or not 0 < threshold < math.inf
+    ):  # fmt: skip  (nan fails every comparison)
+        raise SpecError("threshold", threshold, "expected a finite relative change > 0, e.g. 0.2")
     order = _node_order(a, b, by_name)
     gpus = (order[:, None] * a.gpus_per_node + np.arange(a.gpus_per_node)).ravel()
     before, after = a.matrix, b.matrix[np.ix_(gpus, gpus)]

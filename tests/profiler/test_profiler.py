@@ -278,7 +278,7 @@ def test_cli_profile_to_stdout_and_one_line_errors() -> None:
         (("--mb", "0"), "--mb='0'"),
         (("--recompute", "some"), "--recompute='some'"),
         (("--tp", "4"), "nothing could be measured"),
-        (("-o", "no/such/dir/p.json"), "cannot write: no directory no/such/dir"),
+        (("-o", "no/such/dir/p.json"), "its folder no/such/dir does not exist"),
     ):
         code, out = run("profile", str(TINY), "--seq", "16", "--device", "cpu", *args)
         assert code == 2 and expected in out and len(out.strip().splitlines()) == 1, out

@@ -38,6 +38,7 @@ from pipette_cp.io.measurements.measure_script import (
     write_measure_plan,
 )
 from pipette_cp.io.measurements.nccl_pairwise import convert_nccl_tests_dir
+from pipette_cp.io.output_paths import check_output_dir, check_output_file
 from pipette_cp.specs import ClusterSpec
 from pipette_cp.units import GB
 
@@ -94,6 +95,7 @@ def generate_cmd(
     ] = None,
 ) -> None:
     """Write a seeded synthetic cluster (G1-G7; fat-tree: a fabric of any size)."""
+    check_output_file(out, "--out")  # before generating
     params = _params(set_ or [])
     if gpus is not None:
         params["gpus"] = gpus
@@ -143,6 +145,7 @@ def measure_plan_cmd(
     ] = True,
 ) -> None:
     """Write a bash script that measures every node pair (rounds of disjoint pairs)."""
+    check_output_dir(out, "--out")
     gs = []
     for item in _csv(gpus_per_test, "--gpus-per-test"):
         if not item.isdigit():

@@ -29,6 +29,7 @@ from pipette_cp.io.matrix_files import (
 from pipette_cp.io.measurements.fabric_import import fabric_from_dense, levels_option
 from pipette_cp.io.measurements.mpigraph import read_mpigraph
 from pipette_cp.io.measurements.nccl_pairwise import convert_nccl_tests_dir
+from pipette_cp.io.output_paths import check_output_file, output_error
 from pipette_cp.specs import ClusterSpec, resolve_gpu
 from pipette_cp.units import GB
 
@@ -37,7 +38,11 @@ import_app = typer.Typer(no_args_is_help=True, help="Convert measurements into a
 
 def write_and_report(cluster: ClusterSpec, out: Path) -> None:
     """Write ``cluster`` to ``out`` and print what was written (a fabric's summary too)."""
-    write_cluster_file(cluster, out)
+    check_output_file(out, "--out")
+    try:
+        write_cluster_file(cluster, out)
+    except OSError as exc:
+        raise output_error("--out", out, exc) from None
     extra = ""
     if cluster.fabric is not None:
         sidecar = out.with_name(out.stem + ".npz")
@@ -125,6 +130,7 @@ def import_nccl_tests(
     ] = 0.1,
 ) -> None:
     """Convert pairwise nccl-tests logs (sendrecv_perf) into a cluster file."""
+    check_output_file(out, "--out")  # before reading the logs
     cluster = convert_nccl_tests_dir(
         directory,
         gpus_per_test=gpus_per_test,
