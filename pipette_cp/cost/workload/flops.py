@@ -6,7 +6,10 @@ Mixture-of-experts models count what a token activates (the MFU convention of
 Megatron-Core MoE and DeepSeek-V3: FLOPs of the activated parameters): the router,
 its ``top_k`` routed experts and the shared experts of every MoE layer, the dense MLP of
 every dense layer; capacity padding, dropped tokens and load imbalance are not model
-FLOPs.  Context parallelism splits the work of a sequence without changing it.
+FLOPs.  Context parallelism splits the work of a sequence without changing it.  A hybrid
+model's sublayers count their own GEMMs: a Mamba-2 mixer its projections and the
+batched products of its SSD scan (:func:`mamba_projection_gemms`, :func:`ssd_gemms`;
+the mixer is described in :mod:`pipette_cp.cost.workload.hybrid`).
 
 Their timing lives in :mod:`pipette_cp.cost.compute.model_chunks`.
 """

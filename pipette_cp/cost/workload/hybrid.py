@@ -14,7 +14,8 @@ and groups split over tp, ``in_proj`` column- and ``out_proj`` row-parallel):
   ``T x d_inner / t`` by ``d_inner / t x h``; these run in FP8 / NVFP4 under a
   quantised recipe (Transformer Engine linears);
 - the SSD scan (Dao and Gu 2024, sec. 6, the chunked algorithm of
-  ``mamba_chunk_scan_combined``, chunks of :data:`SSD_CHUNK` tokens) as the batched
+  ``mamba_chunk_scan_combined``, chunks of
+  :data:`~pipette_cp.cost.workload.flops.SSD_CHUNK` tokens) as the batched
   products it runs: ``C B^T`` per chunk and group (``Q x Q x N``), the masked
   products with ``x`` per head (``Q x P x Q``), the chunk states ``B^T x``
   (``N x P x Q``) and the states' contribution ``C S`` (``Q x P x N``); bf16 under
