@@ -221,6 +221,7 @@ def read_exceptions(
             if expanded > MAX_SIDECAR_EXPANDED_BYTES:
                 raise SpecError(at, f"{expanded} bytes", "its arrays expand beyond "
                                 f"{MAX_SIDECAR_EXPANDED_BYTES} bytes")  # fmt: skip
+            _check_headers(npz.zip, at)  # before numpy allocates what a header claims
             stored = {k: npz[k] for k in npz.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         if isinstance(exc, SpecError):
@@ -249,6 +250,24 @@ def read_exceptions(
         if bw is not None:
             _check_links(bw.astype(np.float64), f"{at}.{group}.bandwidth_bytes_per_s", 1.0)
     return out, at
+
+
+def _check_headers(archive: zipfile.ZipFile, at: str) -> None:
+    """Every ``.npy`` member's header claims no more data than the member holds (a header
+    may claim any shape: numpy would allocate it before reading a byte)."""
+    for info in archive.infolist():
+        with archive.open(info) as member:
+            version = np.lib.format.read_magic(member)
+            read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                           (2, 0): np.lib.format.read_array_header_2_0}.get(version)  # fmt: skip
+            if read_header is None:
+                raise SpecError(f"{at}.{info.filename}", str(version), "an .npy version 1.0 or 2.0")
+            shape, _, dtype = read_header(member)
+            claimed = math.prod(shape) * dtype.itemsize
+            if claimed > info.file_size:
+                raise SpecError(f"{at}.{info.filename}", f"shape {list(shape)}",
+                                f"its header claims {claimed} bytes, the file holds "
+                                f"{info.file_size}")  # fmt: skip
 
 
 def build_fabric(fields: dict[str, Any], field: str, arrays_at: str = "") -> HierarchicalFabric:

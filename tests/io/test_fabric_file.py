@@ -335,3 +335,30 @@ def test_cli_import_with_fabric(tmp_path: Path) -> None:
     code, text = run("cluster", "import", "nccl-tests", str(PAIRWISE), "-o", str(out),
                      "--fabric", "spine", "--tolerance", "1.5")  # fmt: skip
     assert code == 2 and "--tolerance=1.5: must be a share in [0, 1)" in text
+
+
+def test_a_sidecar_header_claiming_more_than_its_file_holds_is_refused_unread(tmp_path) -> None:
+    """numpy allocates what an .npy header claims before reading a byte: the claim is
+    checked against the member's size first (here 8 TB claimed by a 144-byte member)."""
+    import io
+    import zipfile
+
+    import numpy as np
+    import pytest
+
+    from pipette_cp.errors import SpecError
+    from pipette_cp.io.fabric_file import SIDECAR_FORMAT, read_exceptions
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as archive:
+        marker = io.BytesIO()
+        np.save(marker, np.array(SIDECAR_FORMAT))
+        archive.writestr("format.npy", marker.getvalue())
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(
+            header, {"descr": "<f8", "fortran_order": False, "shape": (10**12,)}
+        )
+        archive.writestr("gpu_pairs.bandwidth_bytes_per_s.npy", header.getvalue() + bytes(16))
+    (tmp_path / "x.npz").write_bytes(buf.getvalue())
+    with pytest.raises(SpecError, match="its header claims 8000000000000 bytes"):
+        read_exceptions("x.npz", "cluster.fabric.exceptions", tmp_path)
