@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from pipette_cp.cli import app
@@ -185,3 +186,18 @@ def test_predict_exits_3_for_a_layout_that_does_not_fit() -> None:
     fits = CliRunner().invoke(app, ["predict", "gpt3-1.3b-nominal-8", "--tp", "1", "--pp", "1",
                                     "--mb", "1"])  # fmt: skip
     assert fits.exit_code == 0, fits.output
+
+
+@pytest.mark.slow
+def test_a_piped_solve_reports_progress_in_lines() -> None:
+    """stderr no terminal (a pipe, a log): each phase and each new best plan is a line."""
+    from typer.testing import CliRunner
+
+    from pipette_cp.cli import app
+
+    result = CliRunner().invoke(app, ["solve", "gpt3-1.3b-nominal-8", "--time-limit", "5"])
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    assert any("scoring:" in line and "to do" in line for line in lines), result.stderr
+    best = [line for line in lines if "best: dp" in line]
+    assert best and "gap to the lower bound" in best[0] and best[0].startswith("[")
