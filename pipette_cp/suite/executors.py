@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from pipette_cp.errors import SpecError
 from pipette_cp.search.executors.ray_actors import check_address, import_ray
-from pipette_cp.search.executors.workers import check_jobs
+from pipette_cp.search.executors.workers import check_jobs, kill_pool
 from pipette_cp.suite.jobs import CRASH, BenchRow, Job, failed_row, run_job
 
 #: Executor names accepted by :func:`make_executor` (and ``--executor``).
@@ -77,14 +77,7 @@ class PoolExecutor:
     def close(self) -> None:
         """Cancel the waiting jobs and end the running ones (an interrupted run leaves no
         worker behind)."""
-        # the pool keeps its processes in a private dict (None once shut down)
-        processes = list((getattr(self._pool, "_processes", None) or {}).values())
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            if process.is_alive():
-                process.kill()
-        for process in processes:
-            process.join(timeout=5)
+        kill_pool(self._pool)
 
 
 class RayExecutor:

@@ -360,22 +360,26 @@ def chunk_times(
         cp_bandwidth_bytes_per_s=cp_bandwidth_bytes_per_s,
     )  # fmt: skip
     check_hybrid_plan(model, training, plan)
-    if profile is None:
-        layer = analytic()
+    # the layer times of each kind the model has (a hybrid model: by symbol)
+    if model.is_hybrid:
+        kinds = {k: analytic(symbol=k) for k in present_symbols(model)}
+    elif profile is None:
+        kinds = {"dense": analytic()}
     else:
-        layer = measured_layer_times(profile, model, training, plan, tp_bandwidth_bytes_per_s)
+        kinds = {"dense": measured_layer_times(profile, model, training, plan, tp_bandwidth_bytes_per_s)}  # fmt: skip
+    if model.is_moe and not model.is_hybrid:
+        kinds["moe"] = analytic(moe=True)
     emb, head = _boundary_times(model, training, gpu, plan, tp_bandwidth_bytes_per_s, cal)
     layers = np.array(plan.layer_split, dtype=np.float64)
     if model.is_hybrid:  # each symbol's sublayer times its count per chunk
         by_symbol = symbols_by_chunk(model, plan)
-        sublayer = {k: analytic(symbol=k) for k in present_symbols(model)}
-        parts = np.sum([np.outer(astuple(t), by_symbol[k]) for k, t in sublayer.items()], axis=0)
+        parts = np.sum([np.outer(astuple(t), by_symbol[k]) for k, t in kinds.items()], axis=0)
     elif model.is_moe:
-        moe = analytic(moe=True)
         n_moe = moe_layers_by_chunk(model, plan)
-        parts = np.outer(astuple(layer), layers - n_moe) + np.outer(astuple(moe), n_moe)
+        parts = np.outer(astuple(kinds["dense"]), layers - n_moe)
+        parts += np.outer(astuple(kinds["moe"]), n_moe)
     else:
-        parts = np.outer(astuple(layer), layers)
+        parts = np.outer(astuple(kinds["dense"]), layers)
     if bf16 := bf16_layers_by_chunk(model, training, plan):  # layers kept in bf16
         plain = partial(
             layer_times, model, bf16_training(training), gpu, plan, tp_bandwidth_bytes_per_s,
@@ -383,15 +387,18 @@ def chunk_times(
         )  # fmt: skip
         for kind, counts in bf16.items():
             kw: dict = {"symbol": kind} if model.is_hybrid else {"moe": kind == "moe"}
-            parts += np.outer(np.subtract(astuple(plain(**kw)), astuple(analytic(**kw))), counts)
+            # against the analytic quantised layer (a profile's measured one aside)
+            quantised = kinds[kind] if profile is None or kind != "dense" else analytic(**kw)
+            parts += np.outer(np.subtract(astuple(plain(**kw)), astuple(quantised)), counts)
     parts[:4, 0] += emb  # rows as LayerTimes: fwd, bwd, tp comm fwd/bwd, recompute, cp comm
     parts[:4, -1] += head
     if model.mtp_layers:  # on the last stage (cost.boundary), a block of the last layer's kind
         if model.is_hybrid:  # the sublayers of mtp_hybrid_pattern
             mtp = model.mtp_hybrid_pattern or ""
-            block = LayerTimes(*np.sum([astuple(analytic(symbol=k)) for k in mtp], axis=0))
+            times = [kinds[k] if k in kinds else analytic(symbol=k) for k in mtp]
+            block = LayerTimes(*np.sum([astuple(t) for t in times], axis=0))
         else:
-            block = moe if model.is_moe_layer(model.num_layers - 1) else layer
+            block = kinds["moe" if model.is_moe_layer(model.num_layers - 1) else "dense"]
         mtp_args = (tp_bandwidth_bytes_per_s, cal, astuple(block), (emb, head))
         parts[:, -1] += mtp_times(model, training, gpu, plan, *mtp_args)
     forward, backward, tp_forward, tp_backward, recompute, cp_forward, cp_backward = parts

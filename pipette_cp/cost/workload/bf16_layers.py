@@ -25,6 +25,12 @@ def bf16_training(training: TrainingSpec) -> TrainingSpec:
     })  # fmt: skip
 
 
+def keeps_bf16_layers(training: TrainingSpec) -> bool:
+    """Whether some layers keep bf16 GEMMs: a quantised precision and layers named."""
+    quantised = training.precision in ("fp8", "fp4")
+    return quantised and training.bf16_first_layers + training.bf16_last_layers > 0
+
+
 def layer_kind(model: ModelSpec, layer: int) -> str:
     """The kind of global layer ``layer`` (the module docstring)."""
     if model.hybrid_pattern is not None:
@@ -37,9 +43,9 @@ def bf16_layers_by_chunk(
 ) -> dict[str, np.ndarray]:
     """The bf16 layers of each kind in every virtual stage ``c * pp + s`` (floats); empty
     without any (bf16 training, or none named)."""
-    first, last = training.bf16_first_layers, training.bf16_last_layers
-    if training.precision not in ("fp8", "fp4") or not first + last:
+    if not keeps_bf16_layers(training):
         return {}
+    first, last = training.bf16_first_layers, training.bf16_last_layers
     layers = model.num_layers
     chosen = sorted(set(range(min(first, layers))) | set(range(max(layers - last, 0), layers)))
     ends = np.cumsum(plan.layer_split)

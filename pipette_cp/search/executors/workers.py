@@ -275,6 +275,19 @@ class InlineRunner:
         _STATE.clear()
 
 
+def kill_pool(pool: ProcessPoolExecutor) -> None:
+    """Cancel ``pool``'s waiting work and kill its processes, running work included (an
+    interrupted run, a hung worker: none is left behind)."""
+    # the pool keeps its processes in a private dict (None once shut down)
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+    for process in processes:
+        process.join(timeout=5)
+
+
 class ProcessRunner:
     """``jobs`` worker processes (forked where the platform can: the instance is then
     shared, not copied), each initialised with the instance and the method."""
@@ -298,14 +311,7 @@ class ProcessRunner:
         return self._pool.submit(fn, *args)
 
     def _kill(self) -> None:
-        # the pool keeps its processes in a private dict (None once shut down)
-        processes = list((getattr(self._pool, "_processes", None) or {}).values())
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            if process.is_alive():
-                process.kill()
-        for process in processes:
-            process.join(timeout=5)
+        kill_pool(self._pool)
 
     def restart(self) -> None:
         """Kill every worker (a hung or dead one among them) and start a new pool."""

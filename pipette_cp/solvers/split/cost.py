@@ -35,6 +35,7 @@ import numpy as np
 from pipette_cp.cost.evaluator.evaluate import Evaluator
 from pipette_cp.cost.memory.peak import memory_by_stage, usable_memory_bytes
 from pipette_cp.cost.schedule.critical_path import PipelineInputs, finish_iteration, pipeline_times
+from pipette_cp.cost.workload.bf16_layers import keeps_bf16_layers
 from pipette_cp.errors import InfeasibleError, LayoutError
 from pipette_cp.solvers.cuts import Cut, supporting_cut
 from pipette_cp.specs import Instance, Plan
@@ -388,11 +389,8 @@ def uniform_layers(model: ModelSpec, training: TrainingSpec) -> bool:
     """Whether every layer of ``model`` costs the same: no hybrid pattern, either no
     experts or experts in every layer, and no layer kept in bf16 under a quantised
     precision (:mod:`pipette_cp.cost.workload.bf16_layers`)."""
-    bf16 = (
-        training.precision in ("fp8", "fp4")
-        and training.bf16_first_layers + training.bf16_last_layers
-    )
-    return not model.is_hybrid and (not model.is_moe or model.num_dense_layers == 0) and not bf16
+    uniform_kinds = not model.is_hybrid and (not model.is_moe or model.num_dense_layers == 0)
+    return uniform_kinds and not keeps_bf16_layers(training)
 
 
 # -------------------------------------------------------- master problem result
