@@ -17,6 +17,7 @@ import numpy as np
 
 from pipette_cp.cost.evaluator.evaluate import Evaluator
 from pipette_cp.cost.memory.peak import memory_by_stage, usable_memory_bytes
+from pipette_cp.cost.network.nccl_rings import nccl_rings
 from pipette_cp.cost.network.tp_rings import best_ring, ring_links
 from pipette_cp.errors import InfeasibleError, PipetteError
 from pipette_cp.specs import Instance, Plan
@@ -98,14 +99,17 @@ def check_tp_within_node(instance: Instance, plan: Plan) -> list[Violation]:
 
 
 def communication_pairs(
-    plan: Plan, tied_embeddings: bool, bandwidth: np.ndarray | None = None
-) -> dict[str, set[tuple[int, int]]]:
+    plan: Plan, tied_embeddings: bool, bandwidth: np.ndarray | None = None,
+    gpus_per_node: int = 0,
+) -> dict[str, set[tuple[int, int]]]:  # fmt: skip
     """Ordered GPU pairs that exchange data, by traffic class.
 
     pp: tp rank t of stage s to tp rank t of stage s+1 of the same replica, both
     directions (activations forward, gradients back); with interleaving the last
     stage also feeds stage 0 (next model chunk).  dp: the ring of each stage and
-    tp rank over the replicas (dp x cp of them) in replica order, both directions.  tp: the links
+    tp rank over the replicas (dp x cp of them), both directions, as NCCL builds it from
+    replica order (given ``gpus_per_node``: nodes in the order of their first replica,
+    :func:`~pipette_cp.cost.network.nccl_rings.nccl_rings`; replica order without).  tp: the links
     ``u -> next(u)`` of the ring inside each unit, in rank order or, given the GPU x
     GPU ``bandwidth``, in the order NCCL picks (:func:`~pipette_cp.cost.network.tp_rings.best_ring`:
     the ring the Evaluator charges).  embedding: first and last stage of a replica
@@ -135,7 +139,7 @@ def communication_pairs(
                 both("embedding", a, b)
     for s in range(plan.pp):
         for t in range(plan.tp):
-            ring = [plan.unit_gpus(s, d)[t] for d in range(plan.replicas)]
+            ring = _dp_ring([plan.unit_gpus(s, d)[t] for d in range(plan.replicas)], gpus_per_node)
             for i, a in enumerate(ring):
                 both("dp", a, ring[(i + 1) % len(ring)])
     for unit in plan.placement:
@@ -170,6 +174,14 @@ def _group_pairs(plan: Plan, pairs: dict[str, set[tuple[int, int]]]) -> None:
                 pairs["ep"].update((a, b) for a in members for b in members if a != b)
 
 
+def _dp_ring(ranked: list[int], gpus_per_node: int) -> list[int]:
+    """A DP group's GPUs (in rank order) in the order of NCCL's ring."""
+    if gpus_per_node < 1 or min(ranked) < 0:
+        return ranked
+    ids = np.asarray(ranked)[None, :]
+    return nccl_rings(ids, np.arange(int(ids.max()) + 1) // gpus_per_node)[0].tolist()
+
+
 def _tp_ring(unit: tuple[int, ...], bandwidth: np.ndarray | None) -> tuple[int, ...]:
     """The unit's GPUs in ring order (rank order without ``bandwidth`` or valid ids)."""
     if bandwidth is None or not all(0 <= g < len(bandwidth) for g in unit):
@@ -186,7 +198,7 @@ def check_no_failed_link(instance: Instance, plan: Plan) -> list[Violation]:
     n = cluster.num_gpus
     found = []
     tied, bandwidth = instance.model.tied_embeddings, cluster.links
-    for kind, pairs in communication_pairs(plan, tied, bandwidth).items():
+    for kind, pairs in communication_pairs(plan, tied, bandwidth, cluster.gpus_per_node).items():
         ends = np.array(sorted((a, b) for a, b in pairs if 0 <= a < n and 0 <= b < n),
                         dtype=np.int64).reshape(-1, 2)  # fmt: skip
         hit = cluster.pair_failed(ends[:, 0], ends[:, 1])

@@ -102,20 +102,38 @@ def test_communication_pairs_follow_megatron_groups(instance: Instance) -> None:
     assert (2, 6) in pairs["embedding"]
 
 
-def test_checker_and_evaluator_agree_on_a_dp_ring_that_two_level_avoids() -> None:
-    """The replica-order DP ring crosses the failed pair 2 -> 1; NCCL's two-level
-    all-reduce (intra-node 0-1 and 2-3, inter-node 0-2 and 1-3) does not: runnable."""
-    from pipette_cp.cost.evaluator.evaluate import Evaluator
-
+def _with_failed(a: int, b: int):
     instance = small_instance(nodes=2, gpus_per_node=2)
     matrix = instance.cluster.bandwidth_bytes_per_s.copy()
-    matrix[2, 1] = 0.0
+    matrix[a, b] = 0.0
     cluster = instance.cluster.model_copy(update={"bandwidth_bytes_per_s": matrix})
-    instance = instance.model_copy(update={"cluster": cluster})
-    plan = make_plan(num_layers=8, dp=4, pp=1, tp=1, micro_batch_size=1,
-                     placement=((0,), (2,), (1,), (3,)))  # fmt: skip
-    assert Evaluator(instance).iteration_time(plan) > 0
-    assert not check_plan(instance, plan)
-    ring_only = Evaluator(instance, dp_algorithm="ring")
+    return instance.model_copy(update={"cluster": cluster})
+
+
+#: replicas on nodes 0, 1, 0, 1: NCCL's ring is 0 -> 1 -> 2 -> 3 -> 0 (each node's GPUs
+#: together), not rank order's 0 -> 2 -> 1 -> 3 -> 0
+INTERLEAVED = make_plan(num_layers=8, dp=4, pp=1, tp=1, micro_batch_size=1,
+                        placement=((0,), (2,), (1,), (3,)))  # fmt: skip
+
+
+def test_a_failed_pair_only_rank_order_would_take_is_not_used() -> None:
+    """2 -> 1 is a rank-order link, not one of NCCL's ring: the flat ring runs."""
+    from pipette_cp.cost.evaluator.evaluate import Evaluator
+
+    instance = _with_failed(2, 1)
+    assert Evaluator(instance, dp_algorithm="ring").iteration_time(INTERLEAVED) > 0
+    assert not check_plan(instance, INTERLEAVED)
+    pairs = communication_pairs(INTERLEAVED, False, None, 2)["dp"]
+    assert (1, 2) in pairs and (0, 2) not in pairs
+
+
+def test_checker_and_evaluator_agree_on_a_dp_ring_that_two_level_avoids() -> None:
+    """NCCL's ring takes the failed 1 -> 2; the two-level all-reduce (intra-node 0-1 and
+    2-3, inter-node 0-2 and 1-3) does not: runnable, but not as a flat ring."""
+    from pipette_cp.cost.evaluator.evaluate import Evaluator
+
+    instance = _with_failed(1, 2)
+    assert Evaluator(instance).iteration_time(INTERLEAVED) > 0
+    assert not check_plan(instance, INTERLEAVED)
     with pytest.raises(InfeasibleError):
-        ring_only.iteration_time(plan)
+        Evaluator(instance, dp_algorithm="ring").iteration_time(INTERLEAVED)

@@ -49,6 +49,7 @@ from pipette_cp.cost.network.data_parallel import (
     gradient_wire_bytes,
     step_collectives,
 )
+from pipette_cp.cost.network.nccl_rings import nccl_rings
 from pipette_cp.cost.network.parallel_groups import GroupFlows, cp_ring_bandwidths, group_flows
 from pipette_cp.cost.network.tp_rings import group_bandwidths
 from pipette_cp.cost.schedule.critical_path import PipelineInputs, finish_iteration, pipeline_times
@@ -74,7 +75,7 @@ class Evaluator:
     """Evaluate many plans of one instance fast.
 
     ``profile``: measured per-layer times (:mod:`pipette_cp.specs.profile`; default: the instance's).
-    ``dp_algorithm``: ``"ring"`` (in replica order), ``"hierarchical"`` or ``"best"``
+    ``dp_algorithm``: ``"ring"`` (the ring NCCL builds from replica order), ``"hierarchical"`` or ``"best"``
     (the faster per group, as NCCL's tuner picks; with one GPU of a group per node
     they coincide and only the ring is costed); a tensor-parallel group runs at its
     best ring's bottleneck (:mod:`pipette_cp.cost.network.tp_rings`).  ``validate``: whether
@@ -210,6 +211,11 @@ class Evaluator:
         # every transfer of the iteration in one gather
         (r0, e0, end), last = f.bounds, f.last
         src, dst = flat[f.src], flat[f.dst]
+        if dp > 2:  # the DP rings NCCL builds from each group's rank (= replica) order
+            ranked = flat[f.ring_pos]
+            ring = nccl_rings(ranked, fabric.node_of)
+            if ring is not ranked:
+                src[r0:e0], dst[r0:e0] = ring.T.ravel(), np.roll(ring, -1, axis=1).T.ravel()
         bw, lat = comm.shared_nic_flows(fabric, src, dst, f.offset, f.size)
         if not bw.all():
             for what, lo, hi in f.parts:  # a DP ring may still avoid it (two-level)

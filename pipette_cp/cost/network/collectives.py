@@ -16,6 +16,9 @@ Model (docs/design.md, section 3, "Communication over a measured matrix"):
   NVL72 rack) only flows that leave the domain go through NICs, while a flow
   between two nodes of one domain runs over NVLink at ``B[i, j]`` (its latency
   is still the inter-node one);
+- a ring runs in the order NCCL builds from the group's rank order (nodes in the
+  order of their first rank, each node's GPUs together: :mod:`.nccl_rings`), not in
+  rank order itself nor in an order chosen for the network;
 - a ring collective over ``n`` GPUs moves ``2 (n-1)/n`` (all-reduce) or
   ``(n-1)/n`` (reduce-scatter, all-gather) of the buffer over every link of
   the ring and is paced by the slowest link, plus one latency per step;
@@ -45,6 +48,7 @@ from pipette_cp.cost.network.fabric import (
     p2p_times_s,
     shared_nic_flows,
 )
+from pipette_cp.cost.network.nccl_rings import nccl_rings
 from pipette_cp.errors import InfeasibleError
 
 __all__ = [
@@ -83,8 +87,10 @@ def ring_times_s(
 ) -> np.ndarray:
     """Time of concurrent ring collectives, one per row of ``rings``, s.
 
-    Row ``r`` lists the GPUs of one ring in ring order; GPU ``rings[r, i]``
-    sends to ``rings[r, (i + 1) % n]``.  The rings run at the same time and
+    Row ``r`` lists the GPUs of one communicator in rank order; the ring is the one
+    NCCL builds from it (:func:`~pipette_cp.cost.network.nccl_rings.nccl_rings`: nodes
+    in the order of their first rank, each node's GPUs together), GPU ``ring[i]``
+    sending to ``ring[(i + 1) % n]``.  The rings run at the same time and
     share NICs (:func:`flow_bandwidths`), except that rings of different
     ``group`` ids (one per row) do not overlap.  ``nbytes`` is a scalar or one
     size per row: the full buffer (the input of a reduce-scatter, the output
@@ -93,7 +99,7 @@ def ring_times_s(
     Ring all-reduce: ``2 (n-1)/n * nbytes / min_link_bw + 2 (n-1) * max_link_latency``;
     reduce-scatter and all-gather: half of both terms.
     """
-    rings = np.atleast_2d(np.asarray(rings))
+    rings = nccl_rings(np.atleast_2d(np.asarray(rings)), fabric.node_of)
     k, n = rings.shape
     if n <= 1:
         return np.zeros(k)
@@ -129,22 +135,21 @@ def ring_time_from_links(
 def ring_time_s(
     fabric: Fabric, ring: np.ndarray, nbytes: float, collective: Collective = "all_reduce"
 ) -> float:
-    """Time of one ring collective over ``ring`` (in ring order) alone on the fabric, s."""
+    """Time of one ring collective over ``ring`` (in rank order) alone on the fabric, s."""
     return float(ring_times_s(fabric, np.asarray(ring)[None, :], nbytes, collective)[0])
 
 
 def _node_blocks(fabric: Fabric, groups: np.ndarray) -> np.ndarray | None:
-    """``groups`` regrouped as (k, nodes, local): members sorted by node, stable.
+    """``groups`` regrouped as (k, nodes, local): nodes in the order of their first
+    rank, each node's members in rank order (NCCL's node order, :mod:`.nccl_rings`).
 
     None when some group does not have the same number of members on each of
     its nodes (or groups differ in node count): the hierarchical algorithm
     needs equal local groups.
     """
     k, n = groups.shape
-    nodes = fabric.node_of[groups]
-    order = np.argsort(nodes, axis=1, kind="stable")
-    rows = np.arange(k)[:, None]
-    ordered, nodes = groups[rows, order], nodes[rows, order]
+    ordered = nccl_rings(groups, fabric.node_of)
+    nodes = fabric.node_of[ordered]
     d = 1 + int(np.count_nonzero(nodes[0, 1:] != nodes[0, :-1]))
     if n % d:
         return None
@@ -233,8 +238,8 @@ def collective_times_s(
             candidates.append(ring_times_s(fabric, groups, nbytes, collective, None, what))
         except InfeasibleError as exc:
             errors.append(exc)
-    # with one GPU per node the two-level algorithm is just a ring in node order: only
-    # worth costing when the given ring needs a failed link
+    # with one GPU per node the two-level algorithm is the flat ring itself (both visit
+    # the nodes in NCCL's order): only costed to name the failed link
     flat_only = algorithm == "best" and bool(candidates) and local_group_size(fabric, groups) == 1
     if algorithm in ("hierarchical", "best") and not flat_only:
         try:

@@ -20,10 +20,10 @@ def plan_links(instance: Instance, plan: Plan) -> dict[tuple[int, int], tuple[st
     """Unordered GPU pairs ``(a, b)``, ``a < b``, the plan may send data over, and the
     traffic classes on each (pp, dp, tp, embedding).
 
-    The checker's :func:`communication_pairs` (pipeline hops, replica-order DP
-    rings, TP rings in NCCL's order, embedding pairs) plus, per DP group, the
-    intra-node and inter-node rings of the two-level all-reduce (members sorted by
-    node, as in :func:`pipette_cp.cost.network.collectives.hierarchical_times_s`).
+    The checker's :func:`communication_pairs` (pipeline hops, DP and TP rings in
+    NCCL's order, embedding pairs) plus, per DP group, the intra-node and inter-node
+    rings of the two-level all-reduce (nodes in the order of their first replica, as
+    in :func:`pipette_cp.cost.network.collectives.hierarchical_times_s`).
     """
     kinds: dict[tuple[int, int], set[str]] = {}
 
@@ -32,17 +32,14 @@ def plan_links(instance: Instance, plan: Plan) -> dict[tuple[int, int], tuple[st
             kinds.setdefault((min(a, b), max(a, b)), set()).add(kind)
 
     bandwidth = instance.cluster.matrix  # TP rings in NCCL's order
-    for kind, pairs in communication_pairs(plan, instance.model.tied_embeddings, bandwidth).items():
+    tied, g = instance.model.tied_embeddings, instance.cluster.gpus_per_node
+    for kind, pairs in communication_pairs(plan, tied, bandwidth, g).items():
         for a, b in pairs:
             add(kind, a, b)
-    g = instance.cluster.gpus_per_node
     for s in range(plan.pp):
         for t in range(plan.tp):
-            members = sorted(
-                (plan.unit_gpus(s, d)[t] for d in range(plan.replicas)), key=lambda x: x // g
-            )
-            by_node: dict[int, list[int]] = {}
-            for gpu in members:
+            by_node: dict[int, list[int]] = {}  # nodes in the order of their first replica
+            for gpu in (plan.unit_gpus(s, d)[t] for d in range(plan.replicas)):
                 by_node.setdefault(gpu // g, []).append(gpu)
             blocks = list(by_node.values())
             if len({len(b) for b in blocks}) != 1:

@@ -92,7 +92,8 @@ def failed_pairs_used(instance: Instance, plan: Plan) -> int:
     cluster = instance.cluster
     if not cluster.has_failed_pairs:
         return 0
-    pairs = communication_pairs(plan, instance.model.tied_embeddings, cluster.links)
+    tied = instance.model.tied_embeddings
+    pairs = communication_pairs(plan, tied, cluster.links, cluster.gpus_per_node)
     ends = np.array([p for kind in pairs.values() for p in kind], dtype=np.int64).reshape(-1, 2)
     return int(cluster.pair_failed(ends[:, 0], ends[:, 1]).sum())
 

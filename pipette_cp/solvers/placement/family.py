@@ -196,6 +196,12 @@ class PlacementFamily(Generic[D]):
         del data
         return None
 
+    def reordered(self, data: D) -> bool:
+        """Whether its edges are the rank-order links of rings NCCL reorders (its own
+        rows then forbid the failed links NCCL's ring would take, not the pairs')."""
+        del data
+        return False
+
     def flow_costs(
         self, data: D, index: np.ndarray, p: np.ndarray, q: np.ndarray
     ) -> Sequence[np.ndarray] | None:

@@ -1,11 +1,11 @@
 """Brute-force placement oracle for tiny instances (at most :data:`MAX_UNITS` units).
 
 Enumerates every injective map of the units onto tensor groups, skipping only
-the rotations of the DP replicas (a rotation maps replica ``r`` to ``r + k mod
-dp`` on every stage: it keeps every pipeline, every ring up to its starting
-point, every NIC share, so every time the Evaluator computes; not skipped where
-context-parallel rings, expert groups or HSDP shard groups are blocks of
-consecutive replicas, which a rotation regroups), and scores each
+the swap of two DP replicas (it keeps every pipeline, the ring, every NIC share, so
+every time the Evaluator computes; not skipped where context-parallel rings, expert
+groups or HSDP shard groups are blocks of consecutive replicas, which it regroups;
+with more replicas no rotation is skipped, since NCCL's ring follows the replicas'
+order), and scores each
 with :class:`~pipette_cp.cost.evaluator.evaluate.Evaluator` itself, the checker's
 ``memory_limit`` and the failed-link test of the cost model.  The groups are
 either the tp-aligned blocks of every node (``groups="aligned"``: the exact
@@ -129,9 +129,11 @@ def brute_force_placement(
     evaluator = Evaluator(instance, dp_algorithm=dp_algorithm, validate=False)
     best: tuple[float, Plan | None] = (float("inf"), None)
     # a rotation of the replicas keeps every time only where no group is a block of
-    # consecutive replicas (context-parallel rings, expert groups, HSDP shard groups)
+    # consecutive replicas (context-parallel rings, expert groups, HSDP shard groups) and
+    # the DP ring has two replicas: NCCL builds a longer ring from the replicas' order
+    # (nodes in the order of their first replica), which a rotation changes
     blocks_of_replicas = plan.cp > 1 or plan.ep > 1 or plan.expert_tp != plan.tp or plan.hybrid
-    rotations = 1 if blocks_of_replicas else plan.replicas
+    rotations = plan.replicas if plan.replicas == 2 and not blocks_of_replicas else 1
     for perm in _assignments(blocks, units, rotations, disjoint=groups == "any"):
         candidate = plan.model_copy(update={"placement": tuple(blocks[i] for i in perm)})
         try:

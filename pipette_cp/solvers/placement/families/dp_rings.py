@@ -9,7 +9,10 @@ latencies, and the distributed optimizer's parameter gather; under ZeRO-2/3 (pp 
 ``ring`` is one layer's gradient reduce-scatter, exposed per layer
 (:func:`~pipette_cp.cost.network.data_parallel.exposed_per_layer`).  Rows: every ring
 link in replica order at its pair's cost (one way); the NIC-sharing family adds the
-shares of shared nodes and sets ``cross``.  Bounds: per stage, the ring must connect
+shares of shared nodes and sets ``cross``.  With three replicas or more NCCL builds the
+ring from the replicas' order, the nodes in the order of their first replica
+(:mod:`~pipette_cp.solvers.placement.families.nccl_ring_rows` writes that ring, its
+NIC shares and ``cross``; exact on node places).  Bounds: per stage, the ring must connect
 its places (:func:`~pipette_cp.solvers.placement.kelley.ring_bound`); under the
 Evaluator's ``best`` algorithm the floor of NCCL's two-level all-reduce.
 """
@@ -27,6 +30,11 @@ from pipette_cp.solvers.placement.families.group_tables import (
     group_reading,
     group_tables,
     ring_latency,
+)
+from pipette_cp.solvers.placement.families.nccl_ring_rows import (
+    Ring,
+    nccl_ring_rows,
+    ring_rows_exact,
 )
 from pipette_cp.solvers.placement.families.rows import max_over_pairs
 from pipette_cp.solvers.placement.family import Edge, FlowClass, Reading, Slot, TimeParts
@@ -51,11 +59,16 @@ class DataParallelRings(Family):
         n = data.plan.pp if data.plan.replicas > 1 else 0
         return Slot("ring", (n,)), Slot("cross", (n,), boolean=True, label="ring_cross_{}")
 
-    def edges(self, data: PlacementData) -> list[Edge]:
+    def edges(self, data: PlacementData) -> list[Edge] | None:
         pp, dp = data.plan.pp, data.plan.replicas
         if dp < 2:
             return []
+        if dp > 2:
+            return None  # NCCL's ring, not rank-order pairs: its own rows (add_rows)
         return [(s, s * dp + r, s * dp + (r + 1) % dp) for s in range(pp) for r in range(dp)]
+
+    def exact(self, data: PlacementData) -> bool:
+        return data.plan.replicas <= 2 or ring_rows_exact(data)
 
     def flow_costs(
         self, data: PlacementData, index: np.ndarray, p: np.ndarray, q: np.ndarray
@@ -64,7 +77,14 @@ class DataParallelRings(Family):
 
     def add_rows(self, m: MasterView) -> None:
         d, ring = m.data, m.xi["ring"]
-        for s, u, v in self.edges(d):
+        pp, dp = d.plan.pp, d.plan.replicas
+        if dp > 2:
+            cross = m.xi["cross"]
+            rings: list[Ring] = [(int(ring[s]), int(cross[s]), [s * dp + r for r in range(dp)],
+                                  float(d.ring_bytes[s])) for s in range(pp)]  # fmt: skip
+            nccl_ring_rows(m, "ring", rings, [0] * pp)
+            return
+        for s, u, v in self.edges(d) or []:
             max_over_pairs(m, int(ring[s]), ring_cost(d, s), u, v, f"ring_{s}_{u}")
 
     def read(self, data: PlacementData, reading: Reading, x: np.ndarray) -> None:

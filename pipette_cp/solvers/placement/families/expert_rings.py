@@ -8,7 +8,9 @@ a node (their latency).  A stage's expert sync is its slowest class's
 (:func:`~pipette_cp.solvers.placement.families.group_tables.expert_sync`), added to the
 dense ring's.  Rows (where priced): as the DP ring's, every link at its bandwidth and
 its node's NIC share, both ends, and a class leaving a node pays the inter-node latency
-(:func:`~pipette_cp.solvers.placement.families.rows.ring_rows`).
+(:func:`~pipette_cp.solvers.placement.families.rows.ring_rows`); rings of three ranks or
+more as NCCL builds them from their rank order
+(:mod:`~pipette_cp.solvers.placement.families.nccl_ring_rows`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ from pipette_cp.solvers.placement.families.group_tables import (
     expert_sync,
     group_tables,
     per_byte_worst,
+)
+from pipette_cp.solvers.placement.families.nccl_ring_rows import (
+    Ring,
+    nccl_ring_rows,
+    ring_rows_exact,
 )
 from pipette_cp.solvers.placement.families.rows import ring_rows
 from pipette_cp.solvers.placement.family import Edge, Slot, TimeParts
@@ -44,6 +51,12 @@ class ExpertRings(GroupFamily):
     def table_edges(self, g: GroupTables) -> Sequence[Edge]:
         return g.ering_edges
 
+    def reordered(self, data: PlacementData) -> bool:
+        return data.plan.expert_dp > 2  # NCCL builds longer rings in its own order
+
+    def exact(self, data: PlacementData) -> bool:
+        return super().exact(data) and (data.plan.expert_dp <= 2 or ring_rows_exact(data))
+
     def add_inputs(self, m: MasterView) -> None:
         """Its time inputs and, with them, its crossing indicators."""
         super().add_inputs(m)
@@ -54,7 +67,16 @@ class ExpertRings(GroupFamily):
 
     def priced_rows(self, m: MasterView, g: GroupTables) -> None:
         coef = np.repeat(g.ering_bytes, g.ering_classes)
-        ring_rows(m, "ering", list(g.ering_edges), m.xi["ering"], coef, m.xi["ecross"])
+        if m.data.plan.expert_dp <= 2:
+            ring_rows(m, "ering", list(g.ering_edges), m.xi["ering"], coef, m.xi["ecross"])
+            return
+        units: dict[int, list[int]] = {}  # each class's ring, its units in rank order
+        for k, u, _ in g.ering_edges:
+            units.setdefault(k, []).append(u)
+        index, cross = m.xi["ering"], m.xi["ecross"]
+        rings: list[Ring] = [(int(index[k]), int(cross[k]), seq, float(coef[k]))
+                             for k, seq in units.items()]  # fmt: skip
+        nccl_ring_rows(m, "ering", rings, [0] * len(rings))
 
     def add_time(self, data: PlacementData, g: GroupTables, x: np.ndarray, t: TimeParts) -> None:
         s, a = expert_sync(data.instance, g, x[data.xi["ering"]], x[data.xi["ecross"]],

@@ -9,6 +9,12 @@ symmetric link costs and no groups the ring may also be reversed: then replica 1
 below replica ``dp - 1``.  Every placement has an equivalent one (same time) that meets
 these rows, so a master with them keeps a valid bound; the master drops them where a
 family is not symmetric (a user's) or a unit is fixed (LNS).
+
+NCCL builds a ring of three or more replicas from their order, visiting the nodes in
+the order of their first replica (:mod:`pipette_cp.cost.network.nccl_rings`); a rotation
+changes that order once the replicas span three nodes, or a node pair's GPU pairs
+differ.  The rows hold only where no rotation can change a ring
+(:func:`rotations_keep_rings`).
 """
 
 from __future__ import annotations
@@ -34,6 +40,15 @@ def rotation_period(data: PlacementData) -> int:
     return replicas
 
 
+def rotations_keep_rings(data: PlacementData) -> bool:
+    """Whether every rotation of the replicas keeps the rings NCCL builds: two replicas
+    (one ring either way), or node places on at most two nodes (every order of the
+    replicas visits the same two nodes, each GPU pair of them alike)."""
+    if data.plan.replicas <= 2:
+        return True
+    return bool(data.node_level) and data.instance.cluster.num_nodes <= 2
+
+
 def _reflects(data: PlacementData) -> bool:
     return (
         data.plan.replicas >= 3
@@ -48,7 +63,7 @@ class ReplicaSymmetry(Family):
     name = "symmetry"
 
     def add_rows(self, m: MasterView) -> None:
-        if not m.symmetry:
+        if not m.symmetry or not rotations_keep_rings(m.data):
             return
         d = m.data
         dp, period = d.plan.replicas, rotation_period(d)
@@ -73,6 +88,8 @@ class ReplicaSymmetry(Family):
     def canonical(self, data: PlacementData, assign: np.ndarray) -> np.ndarray:
         """The assignment rotated (and reflected) to satisfy the symmetry breaking."""
         pp, dp = data.plan.pp, data.plan.replicas
+        if not rotations_keep_rings(data):
+            return assign  # no rows to satisfy
         period = rotation_period(data)
         grid = np.asarray(assign).reshape(pp, dp)
         grid = np.roll(grid, -period * int(np.argmin(grid[0, ::period])), axis=1)

@@ -1,7 +1,7 @@
 """``no_failed_link``: no flow of any family over a failed GPU pair.
 
-Rows, for every unit pair ``(u, v)`` of every family with flows and every place ``p`` of
-``u``: ``place[u, p] + sum of the places q of v with a failed p-q link <= 1`` (one way for
+Rows, for every unit pair ``(u, v)`` of every family with flows (but rings NCCL
+reorders, whose families forbid their own links) and every place ``p`` of ``u``: ``place[u, p] + sum of the places q of v with a failed p-q link <= 1`` (one way for
 rings, either way for the others).
 """
 
@@ -24,6 +24,8 @@ class NoFailedLink(Family):
         bad_dir = ~np.isfinite(d.inv_bw)
         bad_any = bad_dir | bad_dir.T
         for family, edges in d.flows():
+            if family.reordered(d):
+                continue  # its own rows forbid the links NCCL's ring would take
             bad = bad_dir if family.one_way else bad_any
             for k, (_, u, v) in enumerate(edges):
                 for p, lit in m.place[u].items():
