@@ -17,7 +17,7 @@ from tests.conftest import small_instance
 
 
 def _launched(instance, plan, tmp_path):
-    write_launch_files(instance, plan, tmp_path)
+    write_launch_files(instance, plan, tmp_path, megatron_args=[])
     return launched_rings(instance, plan, tmp_path / "rank_map.csv")
 
 

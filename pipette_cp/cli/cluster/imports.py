@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from pipette_cp.cli.console import console
+from pipette_cp.cli.console import console, err_console
 from pipette_cp.errors import SpecError
 from pipette_cp.io.cluster_file import write_cluster_file
 from pipette_cp.io.fabric_file import INLINE_EXCEPTIONS_MAX, exception_count, fabric_summary
@@ -28,7 +28,7 @@ from pipette_cp.io.matrix_files import (
 )
 from pipette_cp.io.measurements.fabric_import import fabric_from_dense, levels_option
 from pipette_cp.io.measurements.mpigraph import read_mpigraph
-from pipette_cp.io.measurements.nccl_pairwise import convert_nccl_tests_dir
+from pipette_cp.io.measurements.nccl_pairwise import import_nccl_tests_dir
 from pipette_cp.io.output_paths import check_output_file, output_error
 from pipette_cp.specs import ClusterSpec, resolve_gpu
 from pipette_cp.units import GB
@@ -128,10 +128,21 @@ def import_nccl_tests(
             "(and NICs) is an exception."
         ),
     ] = 0.1,
+    unmeasured: Annotated[
+        str,
+        typer.Option(
+            help="Node pairs no log measures (no log, unreadable, cut off before a row): "
+            "refuse, failed (no traffic between them) or median (the median pair)."
+        ),
+    ] = "refuse",
 ) -> None:
-    """Convert pairwise nccl-tests logs (sendrecv_perf) into a cluster file."""
+    """Convert pairwise nccl-tests logs (sendrecv_perf) into a cluster file, saying what
+    was done with every log (read, skipped, cut off, failed) and where each figure comes
+    from."""
     check_output_file(out, "--out")  # before reading the logs
-    cluster = convert_nccl_tests_dir(
+    if unmeasured not in ("refuse", "failed", "median"):
+        raise SpecError("--unmeasured", unmeasured, "expected refuse, failed or median")
+    cluster, report = import_nccl_tests_dir(
         directory,
         gpus_per_test=gpus_per_test,
         single_node_dir=single_node,
@@ -139,7 +150,10 @@ def import_nccl_tests(
         gpus_per_node=gpus_per_node,
         nics_per_node=nics_per_node,
         intra_node_bytes_per_s=intra_gb_per_s * GB if intra_gb_per_s else None,
+        unmeasured=unmeasured,  # type: ignore[arg-type]
     )
+    for line in report.lines():
+        err_console.print(line, highlight=False, soft_wrap=True, markup=False)
     if fabric is not None:
         levels = levels_option(fabric, cluster.num_nodes, cluster.inter_node_latency_s)
         cluster = fabric_from_dense(cluster, levels, tolerance=tolerance)

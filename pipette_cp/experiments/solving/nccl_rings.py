@@ -71,7 +71,8 @@ def check_instance(name: str, time_limit_s: float) -> tuple[str, int, int, int]:
     rings = charged_rings(instance, plan)
     charged = {(r.kind, r.stage, r.index): r.gpus for r in rings if r.kind != "tp"}
     with tempfile.TemporaryDirectory() as folder:
-        write_launch_files(instance, plan, Path(folder))
+        # only the rank map matters here: no Megatron-LM flags (some models have none)
+        write_launch_files(instance, plan, Path(folder), megatron_args=[])
         launched = launched_rings(instance, plan, Path(folder) / "rank_map.csv")
     keys = {k for k in launched if len(launched[k]) > 1} | set(charged)
     # both start at the group's first rank: NCCL's ring starts at its node

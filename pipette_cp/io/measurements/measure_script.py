@@ -13,7 +13,7 @@ github.com/xxrjun/nccl-tests-cluster are named); a last round runs every node al
 with all its GPUs (``nccl_N1_G<G>_<node>.log``, the intra-node bandwidth).  With
 ``tool="mpigraph"`` the script is one mpiGraph run over all nodes instead.
 A run that prints no nccl-tests header at all (the launcher failed) is kept as
-``<log>.failed``, which the importer ignores (the pair reads as failed, "no log")
+``<log>.failed``, which the importer reads as a failed run of that pair (named in its account)
 and a rerun of the script retries; existing logs are skipped.
 
 The nccl-tests flags are those of its README ("Arguments", github.com/NVIDIA/nccl-tests):

@@ -31,22 +31,25 @@ the largest-g logs is the node's aggregate NIC capacity when all GPUs send.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
 from pipette_cp.clusters.expand import cluster_from_node_matrix
 from pipette_cp.errors import InputFileError, SpecError
+from pipette_cp.io.measurements.devices import gpu_from_device_name
+from pipette_cp.io.measurements.import_report import ImportReport, file_name, other_g_lines
 from pipette_cp.io.measurements.nccl_tests import (
     MESSAGE_WINDOW_BYTES,
     NcclLog,
-    gpu_from_device_name,
     read_nccl_tests_dir,
 )
 from pipette_cp.specs.cluster import ClusterSpec
 from pipette_cp.specs.gpu import GpuSpec, resolve_gpu
+from pipette_cp.units import GB
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,9 @@ class PairMeasurement:
     largest_size_busbw_bytes_per_s: float
     failure: str | None
     truncated: str | None = None  # the test's last row, cut off, was ignored
+    #: why the log measures nothing of the link (unreadable, cut off before its first
+    #: row, the test not run): the pair is not measured, not failed
+    unmeasured: str | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,8 @@ class PairwiseMatrix:
     gpus_per_test: int
     window_bytes: tuple[float, float] = MESSAGE_WINDOW_BYTES
     devices: tuple[str, ...] = ()
+    #: node pairs no log measures, and why (0 in the matrix, but not failed)
+    unmeasured: tuple[tuple[str, str, str], ...] = ()
 
 
 def pairwise_matrix(
@@ -101,12 +109,14 @@ def pairwise_matrix(
     Returns
     -------
     PairwiseMatrix
-        Bytes/s, 0 = failed or not measured; ``failed_pairs`` gives each such
-        pair's reason ("no log" when there is none).  Two logs of one pair (both
-        name orders) are averaged over those that succeeded.  A log cut off in
-        the middle of a row keeps its complete rows (the cut row is ignored and
-        named in :attr:`PairMeasurement.truncated`; never read as 0 bandwidth);
-        with no complete row, the pair is not measured.
+        Bytes/s, 0 = failed or not measured.  ``failed_pairs`` are the pairs whose
+        run failed (NCCL errors, no result table, corrupted results, the job dead
+        before the test), with the log's reason; ``unmeasured`` the pairs no log
+        measures (no log, an unreadable table, a log cut off before its first row,
+        the test not in the log).  Two logs of one pair (both name orders) are
+        averaged over those that succeeded.  A log cut off in the middle of a row
+        keeps its complete rows (the cut row is ignored and named in
+        :attr:`PairMeasurement.truncated`; never read as 0 bandwidth).
 
     Raises
     ------
@@ -131,27 +141,51 @@ def pairwise_matrix(
         largest = t.rows[-1].busbw_bytes_per_s if t is not None and t.rows else 0.0
         sizes = tuple(r.size_bytes for r in rows)
         cut = None if t is None else t.truncated
-        pairs.append(PairMeasurement((a, b), log.path, value, sizes, largest, failure, cut))
+        lost = _unmeasured(log, test)
+        pairs.append(PairMeasurement((a, b), log.path, value, sizes, largest, failure, cut, lost))
         devices.extend(t.devices if t is not None else ())
         if failure is None and value > 0:
             for i, j in ((index[a], index[b]), (index[b], index[a])):
                 sums[i, j] += value
                 counts[i, j] += 1
     matrix = np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)
-    reasons = {frozenset(p.nodes): p.failure or "no bandwidth" for p in pairs}
-    failed = tuple(
-        (names[i], names[j], reasons.get(frozenset((names[i], names[j])), "no log"))
-        for i in range(len(names))
-        for j in range(i + 1, len(names))
-        if matrix[i, j] <= 0
-    )
-    return PairwiseMatrix(
-        names, matrix, tuple(pairs), failed, test, gpus_per_test, window, tuple(devices)
-    )
+    failed, unmeasured = [], []
+    by_pair: dict[frozenset, list[PairMeasurement]] = {}
+    for p in pairs:
+        by_pair.setdefault(frozenset(p.nodes), []).append(p)
+    for i in range(len(names)):
+        for j in range(i + 1, len(names)):
+            if matrix[i, j] > 0:
+                continue
+            runs = by_pair.get(frozenset((names[i], names[j])), [])
+            ran = [p for p in runs if p.unmeasured is None]
+            if ran:  # some run of the pair failed (and none succeeded)
+                failed.append((names[i], names[j], ran[0].failure or "no bandwidth"))
+            else:
+                why = runs[0].unmeasured if runs else "no log"
+                unmeasured.append((names[i], names[j], why or "no log"))
+    return PairwiseMatrix(names, matrix, tuple(pairs), tuple(failed), test, gpus_per_test,
+                          window, tuple(devices), tuple(unmeasured))  # fmt: skip
+
+
+def _unmeasured(log: NcclLog, test: str) -> str | None:
+    """Why ``log`` says nothing of its link (None when it measured it, or its run failed)."""
+    t = log.test(test)
+    if t is None:
+        unread = [x.malformed for x in log.tests if x.malformed]
+        if unread:
+            return f"unreadable table ({unread[0]})"
+        return None if any(not x.ok for x in log.tests) else f"{test} not in the log"
+    if t.malformed:
+        return f"unreadable table ({t.malformed})"
+    if not t.rows and t.truncated:
+        return f"cut off before its first complete row ({t.truncated})"
+    return None
 
 
 def _missing_reason(log: NcclLog, test: str) -> str:
-    earlier = [f"{t.name}: {t.failure}" for t in log.tests if not t.ok]
+    earlier = [f"{t.name}: {t.failure}" if t.name else str(t.failure) for t in log.tests
+               if not t.ok]  # fmt: skip
     why = f" (the job stopped after {earlier[0]})" if earlier else ""
     return f"{test} not in the log{why}"
 
@@ -202,7 +236,16 @@ def intra_node_estimate(
     return float(np.median(values)) if values else None
 
 
-def convert_nccl_tests_dir(
+#: What to do with node pairs no log measures (:func:`import_nccl_tests_dir`).
+Unmeasured = Literal["refuse", "failed", "median"]
+
+
+def convert_nccl_tests_dir(directory: str | Path, **options: Any) -> ClusterSpec:
+    """:func:`import_nccl_tests_dir`'s cluster alone."""
+    return import_nccl_tests_dir(directory, **options)[0]
+
+
+def import_nccl_tests_dir(
     directory: str | Path,
     *,
     gpus_per_test: int = 1,
@@ -214,64 +257,83 @@ def convert_nccl_tests_dir(
     intra_node_bytes_per_s: float | None = None,
     window: tuple[float, float] = MESSAGE_WINDOW_BYTES,
     source: str = "",
-) -> ClusterSpec:
-    """A :class:`ClusterSpec` from a directory of pairwise nccl-tests logs.
+    unmeasured: Unmeasured = "refuse",
+) -> tuple[ClusterSpec, ImportReport]:
+    """A :class:`ClusterSpec` from a directory of pairwise nccl-tests logs, and the
+    account of every file (:mod:`~pipette_cp.io.measurements.import_report`).
 
-    Parameters
-    ----------
-    directory : str or Path
-        Files named ``nccl_N2_G<g>_<nodeA>_<nodeB>.log``.
-    gpus_per_test : int
-        The G whose ``sendrecv_perf`` logs give the inter-node matrix (default 1:
-        GPU 0 <-> GPU 0; module doc).  Not the cluster's GPUs per node.
-    single_node_dir : str or Path, optional
-        ``nccl_N1_G<g>_<node>.log`` files for the intra-node bandwidth.
-    name, gpu, gpus_per_node, nics_per_node, intra_node_bytes_per_s, source
-        Override what is derived (below).
-    window : (float, float)
-        Message sizes, bytes, of the per-pair statistic.
+    Derived as follows (each override a keyword):
 
-    Returns
-    -------
-    ClusterSpec
-        Derived as follows:
-
-    - inter-node: :func:`pairwise_matrix` at ``gpus_per_test`` (0 = failed
-      pair; the spec refuses a node whose every pair failed), the same value
-      for every GPU pair of a node pair;
+    - inter-node: :func:`pairwise_matrix` at ``gpus_per_test`` (default 1: GPU 0 <->
+      GPU 0; module doc), the same value for every GPU pair of a node pair; a pair
+      whose run failed is a failed pair (0); a pair no log measures is refused
+      (``unmeasured="refuse"``), failed (``"failed"``) or the median pair (``"median"``);
     - GPU type: from the ``# Rank`` lines unless ``gpu`` is given;
     - GPUs per node: the largest G among the logs unless given;
     - NICs per node: ``gpus_per_node`` unless given (one NIC per GPU, as in
       HGX/DGX designs; nccl-tests logs do not name the NICs);
     - NIC bandwidth: :func:`nic_load_estimate` / NICs, or the median pair when
-      no multi-GPU alltoall logs exist;
-    - intra-node: ``intra_node_bytes_per_s``, else :func:`intra_node_estimate`
-      of ``single_node_dir``, else the GPU's datasheet NVLink bandwidth;
+      no multi-GPU alltoall logs exist (named as assumed);
+    - intra-node: ``intra_node_bytes_per_s``, else :func:`intra_node_estimate` of
+      ``single_node_dir`` or of the directory's own single-node logs, else the GPU's
+      datasheet NVLink bandwidth (named as assumed);
     - latencies: the spec defaults (the logs start at multi-MB messages).
 
     Raises
     ------
     InputFileError
-        A missing directory or no usable log.
+        A missing directory, no usable log, or unmeasured pairs refused.
     SpecError
         Unknown GPU, or a node whose every pair failed.
     """
-    logs = read_nccl_tests_dir(directory)
+    skipped: list[tuple[str, str]] = []
+    logs = read_nccl_tests_dir(directory, skipped)
     matrix = pairwise_matrix(logs, gpus_per_test=gpus_per_test, window=window)
     gpu_spec = resolve_gpu(gpu) if gpu is not None else gpu_from_device_name(matrix.devices)
     g = gpus_per_node or max(int(log.gpus_per_node or 1) for log in logs)
     nics = nics_per_node or g
-    alive = matrix.bandwidth_bytes_per_s[matrix.bandwidth_bytes_per_s > 0]
-    node_rate = nic_load_estimate(logs, window=window) or float(np.median(alive)) * nics
-    intra = intra_node_bytes_per_s
-    if intra is None and single_node_dir is not None:
-        intra = intra_node_estimate(read_nccl_tests_dir(single_node_dir), window=window)
-    if intra is None:
-        intra = gpu_spec.nvlink_bandwidth_bytes_per_s
-    if intra <= 0:
-        raise SpecError("intra_node_bytes_per_s", intra, "needed for a GPU without NVLink")
-    return cluster_from_node_matrix(
-        node_bandwidth=matrix.bandwidth_bytes_per_s,
+    bandwidth = matrix.bandwidth_bytes_per_s.copy()
+    alive = bandwidth[bandwidth > 0]
+    failed = [f"{a}-{b}: {why}" for a, b, why in matrix.failed_pairs]
+    if matrix.unmeasured:
+        k = len(matrix.unmeasured)
+        listed = "; ".join(f"{a}-{b} ({why})" for a, b, why in matrix.unmeasured[:3])
+        more = f" and {k - 3} more" if k > 3 else ""
+        if unmeasured == "refuse" or not alive.size:
+            pairs = "1 node pair has" if k == 1 else f"{k} node pairs have"
+            fix = ("rerun them, or pass --unmeasured failed (no traffic between them) or "
+                   "--unmeasured median (the median measured pair)") if alive.size else (
+                   "no pair is measured")  # fmt: skip
+            raise InputFileError(
+                directory, f"{pairs} no usable G={gpus_per_test} measurement: "
+                f"{listed}{more}; {fix}")  # fmt: skip
+        index = {n: i for i, n in enumerate(matrix.node_names)}
+        fill = float(np.median(alive)) if unmeasured == "median" and alive.size else 0.0
+        for a, b, why in matrix.unmeasured:
+            bandwidth[index[a], index[b]] = bandwidth[index[b], index[a]] = fill
+            failed += [] if fill else [f"{a}-{b}: not measured ({why}), taken as failed"]
+    node_rate = nic_load_estimate(logs, window=window)
+    top = max((int(x.gpus_per_node or 0) for x in logs if x.num_nodes == 2), default=0)
+    nic_text = f"{(node_rate or 0) / GB:.1f} GB/s per node, measured (alltoall_perf, G={top})"
+    if node_rate is None:
+        node_rate = float(np.median(alive)) * nics
+        nic_text = (f"{node_rate / GB:.1f} GB/s per node, assumed: {nics} NICs x the median "
+                    "pair (no multi-GPU alltoall_perf logs)")  # fmt: skip
+    intra, intra_text = _intra_node(logs, single_node_dir, intra_node_bytes_per_s, gpu_spec, window)
+    others = {k: pairwise_matrix(logs, gpus_per_test=k, window=window).bandwidth_bytes_per_s
+              for k in {int(x.gpus_per_node or 0) for x in logs if x.num_nodes == 2}
+              if k and k != gpus_per_test}  # fmt: skip
+    notes = [(file_name(path), "skipped", why) for path, why in skipped]
+    notes += [(file_name(p.path), "not used", p.unmeasured) for p in matrix.pairs
+              if p.unmeasured]  # fmt: skip
+    notes += [(file_name(p.path), "cut off mid-row (its last row ignored)", p.truncated)
+              for p in matrix.pairs if p.truncated and not p.unmeasured]  # fmt: skip
+    used = sum(1 for p in matrix.pairs if p.unmeasured is None)
+    report = ImportReport(used, gpus_per_test, tuple(notes),
+                          other_g_lines(logs, gpus_per_test, bandwidth, others), tuple(failed),
+                          intra_text, nic_text)  # fmt: skip
+    cluster = cluster_from_node_matrix(
+        node_bandwidth=bandwidth,
         intra_node=intra,
         gpus_per_node=g,
         gpu=gpu_spec,
@@ -280,15 +342,36 @@ def convert_nccl_tests_dir(
         name=name or Path(directory).resolve().name,
         node_names=matrix.node_names,
         source=source
-        or f"nccl-tests {matrix.test} G={gpus_per_test}, {len(matrix.pairs)} pairwise logs, "
-        f"harmonic mean of busbw over {window[0]:.3g}-{window[1]:.3g} B"
-        + _cut_note(matrix),
+        or f"nccl-tests {matrix.test} G={gpus_per_test}, harmonic mean of busbw over "
+        f"{window[0]:.3g}-{window[1]:.3g} B; {report.provenance()}",
     )
+    return cluster, report
 
 
-def _cut_note(matrix: PairwiseMatrix) -> str:
-    """``; 2 logs cut off mid-row (their last row ignored): a.log, b.log`` or nothing."""
-    cut = [Path(p.path).name for p in matrix.pairs if p.truncated]
-    if not cut:
-        return ""
-    return f"; {len(cut)} logs cut off mid-row (their last row ignored): {', '.join(cut)}"
+def _intra_node(
+    logs: Sequence[NcclLog], single_node_dir: str | Path | None, given: float | None,
+    gpu: GpuSpec, window: tuple[float, float],
+) -> tuple[float, str]:  # fmt: skip
+    """The intra-node bandwidth and where it comes from."""
+    if given is not None:
+        value, text = given, "given"
+    else:
+        single = read_nccl_tests_dir(single_node_dir) if single_node_dir is not None else logs
+        measured = intra_node_estimate(single, window=window)
+        nodes = {h for log in single if log.num_nodes == 1 for h in log.hosts}
+        value = measured or gpu.nvlink_bandwidth_bytes_per_s
+        text = (f"measured: median single-node sendrecv_perf over {len(nodes)} nodes"
+                if measured else f"assumed: the {gpu.name} datasheet NVLink figure (no "
+                "single-node logs; --single-node DIR or --intra-gb-per-s give it)")  # fmt: skip
+    if value <= 0:
+        raise SpecError("intra_node_bytes_per_s", value, "needed for a GPU without NVLink")
+    return value, f"{value / GB:.1f} GB/s, {text}"
+
+
+def failed_tests(logs: Iterable[NcclLog]) -> tuple[tuple[str, str, str], ...]:
+    """``(log path, test name, reason)`` of every test that a log holds and that
+    failed (a test the job never started is not counted, as upstream's summaries
+    do not count it)."""
+    return tuple(
+        (log.path, t.name, t.failure) for log in logs for t in log.tests if t.failure is not None
+    )

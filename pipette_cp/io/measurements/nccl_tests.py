@@ -27,15 +27,12 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipette_cp.errors import InputFileError, SpecError
+from pipette_cp.errors import InputFileError
 from pipette_cp.io.files import read_text
-from pipette_cp.specs.gpu import GpuSpec, resolve_gpu
 from pipette_cp.units import GB, MB, MS, US, GiB
 
 #: Message sizes (bytes, inclusive) of pipeline p2p transfers (module doc).
@@ -84,10 +81,13 @@ class NcclTest:
     avg_busbw_bytes_per_s: float | None = None
     version: str = ""
     truncated: str | None = None  # why the last row was ignored, if it was
+    malformed: str | None = None  # why its table could not be read, if it could not
 
     @property
     def failure(self) -> str | None:
         """Why the test failed, or None when its table is usable."""
+        if self.malformed:
+            return f"unreadable table: {self.malformed}"
         if self.errors:
             return self.errors[0]
         if not self.rows and self.truncated:
@@ -179,12 +179,10 @@ def parse_nccl_tests_log(text: str, where: str = "nccl-tests output") -> tuple[N
     tuple of NcclTest
         In order of appearance; a test whose job died has no rows.
 
-    Raises
-    ------
-    InputFileError
-        A table with rows in a unit other than us / ms and GB/s / MB/s (or a unit
-        line not understood), or a malformed row followed by other rows of its
-        table.
+    A table with rows in a unit other than us / ms and GB/s / MB/s (or a unit line
+    not understood), or a malformed row followed by other rows of its table, is not
+    read: its test says why in :attr:`NcclTest.malformed` (the log's other tests
+    stay usable).
 
     Examples
     --------
@@ -260,10 +258,10 @@ def _read_units(block: dict[str, Any], line: str, where: str) -> None:
 
 def _test(block: dict[str, Any], cut: int | None, where: str) -> NcclTest:
     """A block's test; its last row is dropped (and named) when incomplete."""
-    if block["rows"] and "unit_error" in block:
-        raise block["unit_error"]
     rows: list[NcclRow] = []
-    truncated = None
+    truncated = malformed = None
+    if block["rows"] and "unit_error" in block:
+        malformed, block["rows"] = str(block["unit_error"]), []
     for k, (number, line) in enumerate(block["rows"]):
         last = k == len(block["rows"]) - 1
         row = None if number == cut else _parse_row(line, block)
@@ -272,11 +270,10 @@ def _test(block: dict[str, Any], cut: int | None, where: str) -> NcclTest:
             truncated = f"line {number}: the last result row is cut off ({why}); ignored"
         elif row is None:
             columns = len(block["columns"] or ()) or "8, 9, 12 or 13"
-            raise InputFileError(
-                where,
-                f"line {number}: malformed result row ({len(line.split())} fields, expected "
-                f"{columns} as the table's header gives): {line.strip()[:60]!r}",
-            )
+            malformed = (f"{where}: line {number}: malformed result row ({len(line.split())} "
+                         f"fields for the header's {columns}): {line.strip()[:60]!r}")  # fmt: skip
+            rows = []
+            break
         else:
             rows.append(row)
     return NcclTest(
@@ -288,6 +285,7 @@ def _test(block: dict[str, Any], cut: int | None, where: str) -> NcclTest:
         avg_busbw_bytes_per_s=block.get("avg"),
         version=block["version"],
         truncated=truncated,
+        malformed=malformed,
     )
 
 
@@ -360,44 +358,33 @@ def read_nccl_tests_log(path: str | Path) -> NcclLog:
     return NcclLog(str(p), tests, int(m["n"]), int(m["g"]), hosts)
 
 
-def read_nccl_tests_dir(directory: str | Path) -> tuple[NcclLog, ...]:
-    """Every ``nccl_N*_G*.log`` file of a directory, sorted by name."""
+def read_nccl_tests_dir(
+    directory: str | Path, skipped: list[tuple[str, str]] | None = None
+) -> tuple[NcclLog, ...]:
+    """Every ``nccl_N*_G*.log`` file of a directory, sorted by name; each other file,
+    and each log with no nccl-tests output, goes to ``skipped`` as ``(path, why)``.  A
+    ``<log>.failed`` file (a run that printed no nccl-tests output, as the measurement
+    script keeps it) is that log with one failed, unnamed test."""
     d = Path(directory)
     if not d.is_dir():
         raise InputFileError(d, "no such directory")
-    logs = tuple(read_nccl_tests_log(p) for p in sorted(d.iterdir()) if LOG_NAME.match(p.name))
+    logs, notes = [], []
+    for p in sorted(d.iterdir()):
+        if p.name.endswith(".log.failed") and (m := LOG_NAME.match(p.name[:-7])):
+            why = f"the run printed no nccl-tests output ({p.name})"
+            hosts = tuple(m["hosts"].split("_")) if m["hosts"] else ()
+            logs.append(NcclLog(str(p), (NcclTest("", (), hosts, errors=(why,)),), int(m["n"]),
+                                int(m["g"]), hosts if len(hosts) == int(m["n"]) else ()))  # fmt: skip
+            continue
+        if not LOG_NAME.match(p.name):
+            notes.append((str(p), "not a log name (nccl_N<n>_G<g>_<hosts>.log)"))
+            continue
+        try:
+            logs.append(read_nccl_tests_log(p))
+        except InputFileError as exc:
+            notes.append((str(p), str(exc)))
+    if skipped is not None:
+        skipped.extend(notes)
     if not logs:
         raise InputFileError(d, "no nccl-tests logs named nccl_N<n>_G<g>_<hosts>.log")
-    return logs
-
-
-def failed_tests(logs: Iterable[NcclLog]) -> tuple[tuple[str, str, str], ...]:
-    """``(log path, test name, reason)`` of every test that a log holds and that
-    failed (a test the job never started is not counted, as upstream's summaries
-    do not count it)."""
-    return tuple(
-        (log.path, t.name, t.failure) for log in logs for t in log.tests if t.failure is not None
-    )
-
-
-def gpu_from_device_name(devices: Sequence[str]) -> GpuSpec:
-    """The catalogue GPU of the most common nccl-tests device name
-    (``NVIDIA H100 80GB HBM3`` -> H100-SXM5-80GB, ``NVIDIA GB200`` -> GB200-NVL72-186GB,
-    ``NVIDIA GH200 480GB`` -> GH200-96GB, ``NVIDIA GH200 144G HBM3e`` -> GH200-144GB,
-    ``AMD Instinct MI300X`` -> MI300X-OAM-192GB).  PCIe cards and unknown models
-    raise :class:`SpecError`: pass the GPU explicitly then."""
-    if not devices:
-        raise SpecError("gpu", None, "the logs name no device; pass the GPU type explicitly")
-    name = Counter(devices).most_common(1)[0][0]
-    model = re.search(
-        r"\b(G[BH]\d{3}|MI\d{3}X?|[VAHB]\d{2,3})\b", name.replace("-", " "), re.IGNORECASE
-    )
-    memory = re.search(r"(\d+)\s*GB", name, re.IGNORECASE)
-    if model is None or "pcie" in name.lower():
-        raise SpecError(
-            "gpu", name, "cannot map this device to a catalogue GPU; pass it explicitly"
-        )
-    key = model.group(1).lower()
-    if key == "gh200":  # the name gives the superchip's CPU memory (480GB): HBM by type
-        return resolve_gpu("gh200-144gb" if "144" in name or "HBM3E" in name.upper() else "gh200")
-    return resolve_gpu(f"{key}-{memory.group(1)}gb" if memory else key)
+    return tuple(logs)

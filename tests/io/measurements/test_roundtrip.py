@@ -142,8 +142,10 @@ def test_logs_written_under_the_plan_names_import_back(tmp_path: Path) -> None:
     table = bandwidth_table(hosts, failed=("gpu-b", "gpu-d"))
     for name, (a, b), g in plan.pair_logs():
         key = " ".join(sorted((a, b)))
-        if key in table:  # the failed pair's job printed nothing: the script keeps no .log
+        if key in table:
             (tmp_path / name).write_text(_fake["fake_log"]("sendrecv_perf", (a, b), g, table[key]))
+        else:  # the failed pair's job printed nothing: the script keeps it as <log>.failed
+            (tmp_path / f"{name}.failed").write_text("srun: error: connection refused\n")
     for name, host, g in plan.single_logs():
         (tmp_path / name).write_text(_fake["fake_log"]("sendrecv_perf", (host,), g, 300.0))
     cluster = convert_nccl_tests_dir(tmp_path, single_node_dir=tmp_path)
