@@ -41,6 +41,7 @@ from pipette_cp.cli.robust import QuantileOption, SnapshotsOption, solve_robust
 from pipette_cp.errors import SpecError
 from pipette_cp.io.instance_file import DEFAULT_INSTANCE
 from pipette_cp.report.plans import GAP_LEGEND, plans_json, plans_table
+from pipette_cp.report.summary import plan_summary
 from pipette_cp.search.loop import default_time_limit_s
 from pipette_cp.search.options import SearchOptions
 from pipette_cp.search.rerank import plan_time
@@ -178,7 +179,7 @@ def solve(
         return
     s = result.stats
     console.print(assumptions(inst, replace), highlight=False)
-    console.print(plans_table(plans, f"Top plans for {inst.name} ({method})"))
+    console.print(plans_table(plans, f"Top plans for {inst.name} ({method})", console.width))
     console.print(GAP_LEGEND, style="dim", highlight=False)
     best = plans[0]
     steps = inst.training.global_batch_size // (best.dp * best.micro_batch_size)
@@ -192,6 +193,9 @@ def solve(
     )
     idle = idle_nodes(inst.model_copy(update={"search_space": space}), best,
                       s.best_by_gpus, s.bound_by_gpus).describe(plan_time(best))  # fmt: skip
+    console.print()
+    for line in plan_summary(inst, best, width=min(console.width, 100)):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     if idle:
         console.print(idle, highlight=False)
 

@@ -20,8 +20,16 @@ def _split(plan: Plan) -> str:
     return text if len(text) <= 24 else text[:21] + "..."
 
 
-def plans_table(plans: list[Plan], title: str = "Top plans") -> Table:
-    """Rank, layout, split, iteration time, tokens/s, MFU, memory and solver gap."""
+#: Narrower than this, the table leaves out the GPU count, the split and the memory
+#: columns (the summary under it gives them) rather than cut any number.
+WIDE_TABLE = 110
+
+
+def plans_table(plans: list[Plan], title: str = "Top plans", width: int | None = None) -> Table:
+    """Rank, layout, split, iteration time, tokens/s, MFU, memory and solver gap; below
+    ``width`` :data:`WIDE_TABLE` columns, without the GPUs, split and memory columns.
+    No cell is ever cut short (a long layout wraps)."""
+    narrow = width is not None and width < WIDE_TABLE
     table = Table(
         title=title,
         title_justify="left",
@@ -29,16 +37,21 @@ def plans_table(plans: list[Plan], title: str = "Top plans") -> Table:
         pad_edge=False,
         collapse_padding=True,
     )
-    for col, justify in (
+    wide = ("GPUs", "split", "mem GB")
+    columns = [
         ("#", "right"), ("layout", "left"), ("GPUs", "right"), ("split", "left"), ("iter s", "right"),
         ("tokens/s", "right"), ("MFU", "right"), ("mem GB", "right"), ("margin", "right"),
         ("gap", "right"),
-    ):  # fmt: skip
-        table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    ]  # fmt: skip
+    keep = [not (narrow and name in wide) for name, _ in columns]
+    for (col, justify), kept in zip(columns, keep, strict=True):
+        if kept:  # numbers never wrap nor shrink; the layout folds if it must
+            table.add_column(col, justify=justify, no_wrap=col != "layout",  # type: ignore[arg-type]
+                             overflow="fold", min_width=len(col))  # fmt: skip
     for rank, plan in enumerate(plans, 1):
         ev = plan.evaluation
         assert ev is not None
-        table.add_row(
+        cells = (
             str(rank),
             plan.layout(),
             str(plan.num_gpus),
@@ -50,6 +63,7 @@ def plans_table(plans: list[Plan], title: str = "Top plans") -> Table:
             f"{ev.memory_margin_bytes / GB:+.1f}",
             _gap(plan),
         )
+        table.add_row(*(c for c, kept in zip(cells, keep, strict=True) if kept))
     return table
 
 

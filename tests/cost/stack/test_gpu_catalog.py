@@ -13,7 +13,7 @@ from pipette_cp.cost.evaluator.evaluate import evaluate
 from pipette_cp.cost.stack.calibration import calibration_for
 from pipette_cp.cost.stack.kernels import is_hopper, stack_kernel
 from pipette_cp.errors import SpecError
-from pipette_cp.io.measurements.nccl_tests import gpu_from_device_name
+from pipette_cp.io.measurements.devices import gpu_from_device_name
 from pipette_cp.io.model_file import load_model
 from pipette_cp.report.megatron.flags import before_blackwell, megatron_environment
 from pipette_cp.specs import Instance, SearchSpace, TrainingSpec, resolve_gpu, validate_spec

@@ -24,8 +24,9 @@ place literals), the rows here write that ring exactly:
   of its concurrency group through a node where it has one.
 
 The costs ``c[n, m]`` are the places' pair costs, which on node places are the nodes'
-(every GPU pair of two nodes alike).  On tensor-group slots the rows take each node
-pair's cheapest places: a bound, not the Evaluator's price (:func:`ring_rows_exact`).
+(every GPU pair of two nodes alike), as they are where each node holds one place.  On
+several tensor-group slots of a node the rows take each node pair's cheapest places: a
+bound, not the Evaluator's price (:func:`ring_rows_exact`).
 """
 
 from __future__ import annotations
@@ -43,9 +44,10 @@ Ring = tuple[int, int | None, list[int], float]
 
 
 def ring_rows_exact(data: PlacementData) -> bool:
-    """Whether the rows price a ring as the Evaluator does: on node places (on tensor
-    group slots they bound it)."""
-    return bool(data.node_level)
+    """Whether the rows price a ring as the Evaluator does: on node places, or where each
+    node holds one place (a tensor group as wide as the node); on several tensor-group
+    slots of a node they bound it."""
+    return bool(data.node_level) or len(set(data.place_node.tolist())) == len(data.place_node)
 
 
 def node_costs(data: PlacementData) -> np.ndarray:

@@ -80,3 +80,18 @@ def test_a_failed_pair_that_only_rank_order_would_take_is_fine() -> None:
     placed = _plan_of(verifier, [1, 0, 3, 1, 2])
     assert not CHECKS[NoFailedLink.check](instance, placed)
     assert not check_plan(instance, placed)
+
+
+def test_a_tensor_group_as_wide_as_its_node_is_priced_exactly_on_slots() -> None:
+    """A slow GPU pair between nodes 0 and 1 makes the places tensor-group slots, one per
+    node (tp = 2 GPUs per node): the ring rows still read the Evaluator's ring."""
+    instance = small_instance(nodes=4, gpus_per_node=2, node_bandwidth=MATRIX)
+    matrix = instance.cluster.bandwidth_bytes_per_s.copy()
+    matrix[0, 2] = matrix[2, 0] = 2e9
+    cluster = instance.cluster.model_copy(update={"bandwidth_bytes_per_s": matrix})
+    instance = instance.model_copy(update={"cluster": cluster})
+    plan = make_plan(num_layers=8, dp=4, pp=1, tp=2, micro_batch_size=1, sequence_parallel=True)
+    verifier = verify(instance, plan, *FAMILIES)
+    assert not verifier.data.node_level and ring_rows_exact(verifier.data)
+    for pinned in verifier.assignments(6, seed=3):
+        pinned.costs()
