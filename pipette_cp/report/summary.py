@@ -39,6 +39,7 @@ def plan_summary(instance: Instance, plan: Plan, width: int = 80) -> list[str]:
         ("memory", _memory(ev.memory_bound_bytes_by_stage, ev.memory_limit_bytes)),
         ("gap", _gap(plan)),
         ("megatron", megatron_comparison(instance, plan)),
+        ("assumed", assumed_defaults(instance, plan)),
     ]  # fmt: skip
     out = []
     for label, text in rows:
@@ -68,6 +69,29 @@ def megatron_comparison(instance: Instance, plan: Plan) -> str:
     verdict = f"{slower:.1%} slower" if slower > 0.0005 else (
         "as fast" if slower > -0.0005 else f"{-slower:.1%} faster")  # fmt: skip
     return what + f"{ev.iteration_time_s:.3f} s, {fits}; {verdict}"
+
+
+def assumed_defaults(instance: Instance, plan: Plan) -> str:
+    """The defaults the plan's numbers rest on that the user did not set, with what
+    the largest change would be where it is cheap to say."""
+    t, m = instance.training, instance.model
+    said = []
+    if t.dropout and "dropout" not in t.model_fields_set:
+        quiet = m.attention_dropout_fraction == 0 and m.hidden_dropout_fraction == 0
+        off = instance.model_copy(update={"training": t.model_copy(update={"dropout": False})})
+        try:
+            saved = plan.evaluation.memory_bytes_max - Evaluator(off).evaluate(  # type: ignore[union-attr]
+                plan.model_copy(update={"evaluation": None})).memory_bytes_max  # fmt: skip
+        except PipetteError:
+            saved = 0.0
+        said.append(f"dropout masks kept (training.dropout defaults to on; {saved / GB:.1f} GB "
+                    "per GPU" + ("; the model has no dropout: set training.dropout: false"
+                                 if quiet else "") + ")")  # fmt: skip
+    if t.memory_headroom_bytes is None and t.memory_headroom_fraction is None:
+        said.append("memory headroom 2 % of each GPU, at least 1 GiB (the default)")
+    if "assumed" in instance.cluster.source:
+        said.append("some cluster figures are assumed, not measured (its source says which)")
+    return "; ".join(said) if said else "nothing beyond the instance"
 
 
 def _memory(by_stage: tuple[float, ...], limit: float) -> str:

@@ -65,3 +65,20 @@ def test_the_plans_table_cuts_no_number(slow_node, width: int) -> None:
     assert "…" not in text and all(len(line) <= width for line in text.splitlines())
     assert f"{plan.evaluation.iteration_time_s:.3f}" in text
     assert plan.layout() in text or width < 80  # a narrow column folds the layout
+
+
+def test_defaults_the_numbers_rest_on_are_named_with_their_weight(slow_node) -> None:
+    from pipette_cp.report.summary import assumed_defaults
+
+    instance, plan = slow_node
+    said = assumed_defaults(instance, plan)
+    assert "dropout masks kept (training.dropout defaults to on;" in said
+    assert "memory headroom 2 %" in said
+    training = instance.training.model_copy(update={"dropout": True})  # set, not assumed
+    given = instance.model_copy(update={"training": training})
+    assert "dropout" not in assumed_defaults(given, plan)
+    off = instance.model_copy(update={"training": instance.training.model_copy(
+        update={"dropout": False})})  # fmt: skip
+    kept = plan.evaluation.memory_bytes_max
+    freed = Evaluator(off).evaluate(plan.model_copy(update={"evaluation": None}))
+    assert f"{(kept - freed.memory_bytes_max) / 1e9:.1f} GB per GPU" in said
