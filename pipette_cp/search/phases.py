@@ -21,7 +21,7 @@ from typing import Any
 
 from pipette_cp.checker import check_plan
 from pipette_cp.cost.evaluator.evaluate import Evaluator
-from pipette_cp.errors import PipetteError
+from pipette_cp.errors import PipetteError, SolverError
 from pipette_cp.search.executors.workers import (
     HANG_GRACE_S,
     Bounded,
@@ -72,21 +72,39 @@ def in_order(
     layouts per piece of work and ``ahead`` pieces per worker in flight, handed out
     while ``keep_going()`` (asked before each) holds; stops at the first piece not
     handed out.  Closed early, it cancels the pieces not yet started (the workers are
-    the next phase's)."""
+    the next phase's).  A worker that dies takes the pieces in flight with it: the
+    workers are restarted and those pieces handed out again, each once; a piece lost
+    twice is a :class:`~pipette_cp.errors.SolverError` naming its layouts."""
     size = 1 if runner.jobs == 1 else chunk
     window = 1 if runner.jobs == 1 else ahead * runner.jobs
     queue: deque[tuple[int, Future]] = deque()
     start = 0
+    redone: set[int] = set()
+
+    def piece(at: int) -> list[int]:
+        return list(indices[at : at + size])
+
     try:
         while True:
             while start < len(indices) and len(queue) < window and keep_going():
-                piece = list(indices[start : start + size])
-                queue.append((start, runner.submit(fn, piece)))
+                queue.append((start, runner.submit(fn, piece(start))))
                 start += size
             if not queue:
                 return
             first, future = queue.popleft()
-            for k, result in enumerate(future.result()):
+            try:
+                results = future.result()
+            except runner.lost:  # every piece in flight went with the worker
+                if first in redone:
+                    what = getattr(fn, "__name__", "the search's work")
+                    raise SolverError(f"a worker died twice on the layouts at positions "
+                                      f"{piece(first)} ({what})") from None  # fmt: skip
+                lost = [first, *(at for at, _ in queue)]
+                redone.update(lost)
+                runner.restart()
+                queue = deque((at, runner.submit(fn, piece(at))) for at in lost)
+                continue
+            for k, result in enumerate(results):
                 yield first + k, result
     finally:
         for _, future in queue:

@@ -13,7 +13,12 @@ from pipette_cp.errors import SpecError
 from pipette_cp.io.instance_file import load_instance
 from pipette_cp.search import phases, search
 from pipette_cp.search.executors.ray_actors import check_address
-from pipette_cp.search.executors.workers import check_jobs, solve_skeleton
+from pipette_cp.search.executors.workers import (
+    bound_layouts,
+    check_jobs,
+    score_skeletons,
+    solve_skeleton,
+)
 from pipette_cp.search.options import SearchOptions
 from pipette_cp.specs import SearchSpace
 from pipette_cp.suite import BenchStore, make_executor, prepare_jobs, run_bench
@@ -213,3 +218,36 @@ def test_bench_on_ray_gives_the_local_rows(tmp_path, local_ray) -> None:
             run_bench(planned, store, make_executor(name, 2))
             rows[name] = sorted((r.method, r.status, r.iteration_time_s) for r in store.rows())
     assert rows["ray"] == rows["local"] and len(rows["ray"]) == 2
+
+
+def _bounds_die_once(indices):
+    marker = Path(os.environ["PIPETTE_TEST_MARKERS"]) / "bound"
+    if not marker.exists():
+        marker.touch()
+        os._exit(1)  # the worker dies in the bound phase
+    return bound_layouts(indices)
+
+
+def _scores_die_once(indices):
+    marker = Path(os.environ["PIPETTE_TEST_MARKERS"]) / "score"
+    if not marker.exists():
+        marker.touch()
+        os._exit(1)  # the worker dies in the score phase
+    return score_skeletons(indices)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["bound", "score"])
+def test_a_worker_lost_in_the_bound_or_score_phase_is_replaced(small, sequential, tmp_path,
+                                                               monkeypatch, phase) -> None:  # fmt: skip
+    """The pieces in flight are handed out again to new workers: the same plans."""
+    from pipette_cp.search import loop
+
+    monkeypatch.setenv("PIPETTE_TEST_MARKERS", str(tmp_path))
+    if phase == "bound":
+        monkeypatch.setattr(loop, "bound_layouts", _bounds_die_once)
+    else:
+        monkeypatch.setattr(phases, "score_skeletons", _scores_die_once)
+    result = search(small, SearchOptions(time_limit_s=60, jobs=2))
+    assert (tmp_path / phase).exists()  # the worker did die
+    assert _plans(result) == _plans(sequential)
