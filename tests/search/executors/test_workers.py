@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -220,20 +221,12 @@ def test_bench_on_ray_gives_the_local_rows(tmp_path, local_ray) -> None:
     assert rows["ray"] == rows["local"] and len(rows["ray"]) == 2
 
 
-def _bounds_die_once(indices):
-    marker = Path(os.environ["PIPETTE_TEST_MARKERS"]) / "bound"
+def _dies_once_then(phase, work, indices):
+    marker = Path(os.environ["PIPETTE_TEST_MARKERS"]) / phase
     if not marker.exists():
         marker.touch()
-        os._exit(1)  # the worker dies in the bound phase
-    return bound_layouts(indices)
-
-
-def _scores_die_once(indices):
-    marker = Path(os.environ["PIPETTE_TEST_MARKERS"]) / "score"
-    if not marker.exists():
-        marker.touch()
-        os._exit(1)  # the worker dies in the score phase
-    return score_skeletons(indices)
+        os._exit(1)  # the worker dies in this phase
+    return work(indices)
 
 
 @pytest.mark.slow
@@ -245,9 +238,10 @@ def test_a_worker_lost_in_the_bound_or_score_phase_is_replaced(small, sequential
 
     monkeypatch.setenv("PIPETTE_TEST_MARKERS", str(tmp_path))
     if phase == "bound":
-        monkeypatch.setattr(loop, "bound_layouts", _bounds_die_once)
+        monkeypatch.setattr(loop, "bound_layouts", partial(_dies_once_then, phase, bound_layouts))
     else:
-        monkeypatch.setattr(phases, "score_skeletons", _scores_die_once)
+        work = partial(_dies_once_then, phase, score_skeletons)
+        monkeypatch.setattr(phases, "score_skeletons", work)
     result = search(small, SearchOptions(time_limit_s=60, jobs=2))
     assert (tmp_path / phase).exists()  # the worker did die
     assert _plans(result) == _plans(sequential)
