@@ -27,8 +27,14 @@ from pipette_cp.errors import SpecError
 from pipette_cp.search.executors import workers
 from pipette_cp.specs import Instance, Plan
 
-#: Seconds to wait for a TCP connection to a given Ray address.
+#: Seconds to wait for a TCP connection to a given Ray address, and for its answer.
 CONNECT_TIMEOUT_S = 3.0
+#: An HTTP/2 client's opening (RFC 9113, section 3.4: the preface, then an empty
+#: SETTINGS frame).  Ray's GCS and Ray Client ports are gRPC servers, which speak
+#: HTTP/2 and answer with a SETTINGS frame of their own.
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes((0, 0, 0, 4, 0, 0, 0, 0, 0))
+#: Frame type of SETTINGS (RFC 9113, section 6.5).
+_SETTINGS = 4
 
 
 def import_ray() -> Any:
@@ -42,18 +48,39 @@ def import_ray() -> Any:
 
 
 def check_address(address: str, field: str = "ray_address") -> str:
-    """``address`` (``host:port``, or ``ray://host:port``) if a TCP connection to it opens,
-    else a SpecError naming ``field``."""
+    """``address`` (``host:port``, or ``ray://host:port``) if a server there answers an
+    HTTP/2 opening with a SETTINGS frame, as Ray's gRPC ports do, within
+    :data:`CONNECT_TIMEOUT_S`; else a SpecError naming ``field`` (no connection, or a
+    server that is not Ray's: silent, or speaking another protocol)."""
     bare = address.removeprefix("ray://")
     host, _, port = bare.rpartition(":")
     if not host or not port.isdigit():
         raise SpecError(field, address, "expected host:port of a running Ray cluster")
     try:
-        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
-            pass
+        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S) as sock:
+            sock.settimeout(CONNECT_TIMEOUT_S)
+            sock.sendall(_HTTP2_PREFACE)
+            answer = _read(sock, 9)  # a frame header: length (3), type, flags, stream (4)
+    except TimeoutError:
+        raise SpecError(field, address, f"accepts connections but says nothing within "
+                        f"{CONNECT_TIMEOUT_S:g} s: not a Ray cluster's address") from None  # fmt: skip
     except OSError as exc:
         raise SpecError(field, address, f"cannot be reached ({exc.strerror or exc})") from None
+    if len(answer) < 9 or answer[3] != _SETTINGS:
+        raise SpecError(field, address, "answers, but not as Ray's gRPC server does: not a "
+                        "Ray cluster's address (the GCS port, 6379 by default, or ray://host:10001)")  # fmt: skip
     return address
+
+
+def _read(sock: socket.socket, size: int) -> bytes:
+    """Up to ``size`` bytes, fewer when the peer closes first."""
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
 
 
 class _Worker:

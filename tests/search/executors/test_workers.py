@@ -245,3 +245,47 @@ def test_a_worker_lost_in_the_bound_or_score_phase_is_replaced(small, sequential
     result = search(small, SearchOptions(time_limit_s=60, jobs=2))
     assert (tmp_path / phase).exists()  # the worker did die
     assert _plans(result) == _plans(sequential)
+
+
+def _server(reply: bytes | None):
+    """A local TCP server that, once a client writes, answers ``reply`` (None: never)."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        conn.recv(64)
+        if reply is not None:
+            conn.sendall(reply)
+        time.sleep(2)
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"127.0.0.1:{listener.getsockname()[1]}"
+
+
+@pytest.mark.parametrize(
+    ("reply", "why"),
+    [(None, "accepts connections but says nothing within 0.5 s"),
+     (b"HTTP/1.1 400 Bad Request\r\n\r\n", "answers, but not as Ray's gRPC server does")],
+)  # fmt: skip
+def test_an_address_that_is_not_rays_is_refused_quickly(reply, why, monkeypatch) -> None:
+    from pipette_cp.search.executors import ray_actors
+
+    monkeypatch.setattr(ray_actors, "CONNECT_TIMEOUT_S", 0.5)
+    address = _server(reply)
+    started = time.perf_counter()
+    with pytest.raises(SpecError) as info:
+        check_address(address)
+    assert time.perf_counter() - started < 2.0
+    assert str(info.value).startswith(f"ray_address={address!r}: {why}")
+
+
+def test_a_grpc_server_passes_the_handshake() -> None:
+    settings = bytes((0, 0, 0, 4, 0, 0, 0, 0, 0))  # an empty HTTP/2 SETTINGS frame
+    address = _server(settings)
+    assert check_address(address) == address
