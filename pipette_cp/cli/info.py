@@ -15,10 +15,11 @@ from pipette_cp.clusters.generators.registry import ALL_GENERATORS
 from pipette_cp.clusters.generators.trees import TREE_GENERATORS
 from pipette_cp.io.cluster_file import read_cluster_file
 from pipette_cp.io.files import read_mapping
+from pipette_cp.io.huggingface.config import is_hf_config
 from pipette_cp.io.instance_file import DEFAULT_INSTANCE, list_instances, load_instance
-from pipette_cp.io.model_file import list_models
+from pipette_cp.io.model_file import list_models, load_model
 from pipette_cp.io.output_paths import check_output_dir, output_error
-from pipette_cp.report.show import cluster_table, instance_report
+from pipette_cp.report.show import cluster_table, instance_report, model_table
 from pipette_cp.specs import GPU_CATALOG, SCHEMA_SPECS
 
 
@@ -64,18 +65,28 @@ def list_(
 
 def show(
     instance: Annotated[
-        str, typer.Argument(help="Bundled instance name or path to an instance file.")
+        str,
+        typer.Argument(
+            help="Bundled instance name, or path to an instance file, a cluster file, or a "
+            "model (a Hugging Face config.json or the folder holding one)."
+        ),
     ] = DEFAULT_INSTANCE,
 ) -> None:
     """Model parameters, cluster summary (bandwidth statistics, slowest and failed pairs).
 
-    A cluster file (``format: pipette-cp-cluster/1``) shows the cluster part only."""
+    A cluster file (``format: pipette-cp-cluster/1``) shows the cluster part only; a
+    Hugging Face ``config.json`` (or its folder) the model part only."""
     path = Path(instance)
-    if path.is_file() and str(read_mapping(path).get("format", "")).startswith(
-        "pipette-cp-cluster"
-    ):
-        console.print(cluster_table(read_cluster_file(path)))
-        return
+    if path.is_dir() and (path / "config.json").is_file():
+        path = path / "config.json"
+    if path.is_file():
+        data = read_mapping(path)
+        if str(data.get("format", "")).startswith("pipette-cp-cluster"):
+            console.print(cluster_table(read_cluster_file(path)))
+            return
+        if is_hf_config(data):
+            console.print(model_table(load_model(path)))
+            return
     console.print(instance_report(load_instance(instance)))
 
 

@@ -414,3 +414,21 @@ def test_solve_export_bad_input(args: list[str], expected: str) -> None:
     code, out = run(*args)
     assert code in (2, 3), out
     assert expected in out and "Traceback" not in out
+
+
+def test_show_reads_a_hugging_face_config_or_its_folder(tmp_path: Path) -> None:
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+              "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "num_hidden_layers": 32, "vocab_size": 128256, "rms_norm_eps": 1e-5,
+              "max_position_embeddings": 8192, "tie_word_embeddings": False}  # fmt: skip
+    folder = tmp_path / "llama-3-8b"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    for target in (folder / "config.json", folder):
+        code, out = run("show", str(target))
+        assert code == 0, out
+        assert "32 x 4096" in out and "8.03B" in out and "32 / 8 kv" in out
+    bad = tmp_path / "other.json"
+    bad.write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    code, out = run("show", str(bad))
+    assert code == 2 and "\n" not in out.strip()
