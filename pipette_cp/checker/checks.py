@@ -143,7 +143,7 @@ def communication_pairs(
             for i, a in enumerate(ring):
                 both("dp", a, ring[(i + 1) % len(ring)])
     for unit in plan.placement:
-        pairs["tp"].update((a, b) for a, b in ring_links(_tp_ring(unit, bandwidth)) if a != b)
+        pairs["tp"].update((a, b) for a, b in ring_links(tp_ring_order(unit, bandwidth)) if a != b)
     _group_pairs(plan, pairs)
     return pairs
 
@@ -182,7 +182,7 @@ def _dp_ring(ranked: list[int], gpus_per_node: int) -> list[int]:
     return nccl_rings(ids, np.arange(int(ids.max()) + 1) // gpus_per_node)[0].tolist()
 
 
-def _tp_ring(unit: tuple[int, ...], bandwidth: np.ndarray | None) -> tuple[int, ...]:
+def tp_ring_order(unit: tuple[int, ...], bandwidth: np.ndarray | None) -> tuple[int, ...]:
     """The unit's GPUs in ring order (rank order without ``bandwidth`` or valid ids)."""
     if bandwidth is None or not all(0 <= g < len(bandwidth) for g in unit):
         return unit

@@ -6,7 +6,7 @@ rank, its ranks in DP-rank order) and each expert data-parallel group is an NCCL
 communicator whose ring visits the nodes in the order of their first rank, each node's
 GPUs together (:mod:`pipette_cp.cost.network.nccl_rings`); a tensor-parallel group sits
 inside one node, where NCCL's search picks the ring over the node's links
-(:func:`~pipette_cp.cost.network.tp_rings.best_ring`).  :func:`charged_rings` lists
+(:func:`~pipette_cp.checker.checks.tp_ring_order`).  :func:`charged_rings` lists
 those rings as the Evaluator charges them, so that a launch can be checked against
 them (:func:`failed_ring_links`).
 """
@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipette_cp.checker.checks import tp_ring_order
 from pipette_cp.cost.evaluator.expert_groups import expert_rings_apart
 from pipette_cp.cost.network.nccl_rings import nccl_rings
 from pipette_cp.cost.network.parallel_groups import group_flows
-from pipette_cp.cost.network.tp_rings import best_ring
+from pipette_cp.cost.network.tp_rings import ring_links
 from pipette_cp.specs import Instance, Plan
 
 
@@ -36,8 +37,7 @@ class ChargedRing:
 
     def links(self) -> list[tuple[int, int]]:
         """Its directed links ``gpu -> next gpu`` (none for one GPU)."""
-        g = self.gpus
-        return [(a, g[(i + 1) % len(g)]) for i, a in enumerate(g)] if len(g) > 1 else []
+        return ring_links(self.gpus)
 
 
 def charged_rings(instance: Instance, plan: Plan) -> list[ChargedRing]:
@@ -59,12 +59,9 @@ def charged_rings(instance: Instance, plan: Plan) -> list[ChargedRing]:
             s, i = divmod(k, per_stage)
             out.append(ChargedRing("expert-dp", s, i, tuple(int(g) for g in ring)))
     if plan.tp > 1:
-        bandwidth = cluster.links
         for k, unit in enumerate(plan.placement):
-            ids = np.asarray(unit)
-            order, _ = best_ring(bandwidth[ids[:, None], ids[None, :]])
-            stage = k // plan.replicas
-            out.append(ChargedRing("tp", stage, k % plan.replicas, tuple(unit[i] for i in order)))
+            stage, replica = divmod(k, plan.replicas)
+            out.append(ChargedRing("tp", stage, replica, tp_ring_order(unit, cluster.links)))
     return out
 
 

@@ -19,11 +19,12 @@ its rings from that order alone, not from the network:
    group, which always sits inside one node, takes the search's best ring instead
    (:mod:`pipette_cp.cost.network.tp_rings`).
 
-NCCL's maintainers confirm the rule (NVIDIA/nccl issue 1340: the nodes' rings are joined
-"only according to the order of the nodes list", the network topology is not consulted;
-issue 471: NCCL builds flat rings, never a 2-D ring).  Its trees use the same node
-numbering (``src/graph/trees.cc``), so a ring in this order and the trees agree on
-which node comes first.  A ring therefore differs from "rank ``i`` sends to rank
+NCCL's maintainers confirm the rule (github.com/NVIDIA/nccl/issues/1340: asked whether
+the nodes' rings are joined in the order of the node list alone, a maintainer answers
+that NCCL keeps it simple and does not detect the network topology;
+github.com/NVIDIA/nccl/issues/471: NCCL builds flat rings, never a 2-D ring).  Its trees
+use the same node numbering (``src/graph/trees.cc``), so a ring in this order and the
+trees agree on which node comes first.  A ring therefore differs from "rank ``i`` sends to rank
 ``i + 1``" exactly when some node's ranks are not consecutive in the group: ranks on
 nodes A, B, A, B run as A, A, B, B.
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -95,7 +94,3 @@ def _degraded(matrix: np.ndarray) -> tuple[float, int, int]:
         return 0.0, 0, int(upper.size)
     median = float(np.median(alive))
     return median, int(np.count_nonzero(upper < DEGRADED_SHARE * median)), int(upper.size)
-
-
-def file_name(path: str) -> str:
-    return Path(path).name

@@ -41,7 +41,7 @@ import numpy as np
 from pipette_cp.clusters.expand import cluster_from_node_matrix
 from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.measurements.devices import gpu_from_device_name
-from pipette_cp.io.measurements.import_report import ImportReport, file_name, other_g_lines
+from pipette_cp.io.measurements.import_report import ImportReport, other_g_lines
 from pipette_cp.io.measurements.nccl_tests import (
     MESSAGE_WINDOW_BYTES,
     NcclLog,
@@ -323,10 +323,10 @@ def import_nccl_tests_dir(
     others = {k: pairwise_matrix(logs, gpus_per_test=k, window=window).bandwidth_bytes_per_s
               for k in {int(x.gpus_per_node or 0) for x in logs if x.num_nodes == 2}
               if k and k != gpus_per_test}  # fmt: skip
-    notes = [(file_name(path), "skipped", why) for path, why in skipped]
-    notes += [(file_name(p.path), "not used", p.unmeasured) for p in matrix.pairs
+    notes = [(Path(path).name, "skipped", why) for path, why in skipped]
+    notes += [(Path(p.path).name, "not used", p.unmeasured) for p in matrix.pairs
               if p.unmeasured]  # fmt: skip
-    notes += [(file_name(p.path), "cut off mid-row (its last row ignored)", p.truncated)
+    notes += [(Path(p.path).name, "cut off mid-row (its last row ignored)", p.truncated)
               for p in matrix.pairs if p.truncated and not p.unmeasured]  # fmt: skip
     used = sum(1 for p in matrix.pairs if p.unmeasured is None)
     report = ImportReport(used, gpus_per_test, tuple(notes),

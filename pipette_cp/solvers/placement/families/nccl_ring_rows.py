@@ -55,14 +55,11 @@ def node_costs(data: PlacementData) -> np.ndarray:
     places, else the cheapest pair of places (the diagonal: inside the node)."""
     nodes = data.instance.cluster.num_nodes
     out = np.full((nodes, nodes), np.inf)
-    pn = data.place_node
-    for p in range(len(pn)):
-        row = data.inv_bw[p]
-        for q in range(len(pn)):
-            if p == q and data.capacity[p] < 2:
-                continue  # one unit on the place: no link inside it
-            a, b = int(pn[p]), int(pn[q])
-            out[a, b] = min(out[a, b], float(row[q]))
+    inv = np.array(data.inv_bw, dtype=float)
+    lone = np.flatnonzero(np.asarray(data.capacity) < 2)
+    inv[lone, lone] = np.inf  # one unit on the place: no link inside it
+    pn = np.asarray(data.place_node)
+    np.minimum.at(out, (pn[:, None], pn[None, :]), inv)
     return out
 
 

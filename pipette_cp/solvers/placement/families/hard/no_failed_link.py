@@ -1,7 +1,8 @@
 """``no_failed_link``: no flow of any family over a failed GPU pair.
 
 Rows, for every unit pair ``(u, v)`` of every family with flows (but rings NCCL
-reorders, whose families forbid their own links) and every place ``p`` of ``u``: ``place[u, p] + sum of the places q of v with a failed p-q link <= 1`` (one way for
+reorders, whose families forbid their own links) and every place ``p`` of ``u``:
+``place[u, p] + sum of the places q of v with a failed p-q link <= 1`` (one way for
 rings, either way for the others).
 """
 
