@@ -59,11 +59,12 @@ def test_a_failed_pair_on_nccls_ring_is_named_and_one_off_it_is_not() -> None:
 @pytest.mark.parametrize(
     ("name", "method"),
     [("llama-2-7b-g3-11n-failednode", "cpsat"), ("gpt3-760m-g5-3n-slownic", "cpsat"),
-     ("llama-2-70b-real00-136", "greedy"), ("qwen3-235b-a22b-g3h100-256", "megatron-default")],
+     ("llama-2-70b-real00-136", "greedy")],
 )  # fmt: skip
 def test_bundled_plans_run_the_rings_they_are_charged(name, method, tmp_path) -> None:
     instance = load_instance(name)
-    plan = solve(instance, method=method, time_limit_s=4, top_k=1)[0]
+    # a work budget, not wall time: the same plan on any machine, however loaded
+    plan = solve(instance, method=method, time_limit_s=4, top_k=1, deterministic=True)[0]
     rings = charged_rings(instance, plan)
     launched = _launched(instance, plan, tmp_path)
     charged = {(r.kind, r.stage, r.index): r.gpus for r in rings if r.kind != "tp"}
