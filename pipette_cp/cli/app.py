@@ -3,13 +3,19 @@ handling, and the one place where every command and command group is registered.
 
 Every :class:`~pipette_cp.errors.PipetteError` becomes one line on stderr and
 the error's exit code; ``--debug`` shows the traceback instead.  SIGTERM and SIGHUP
-stop a run as Ctrl-C does (:func:`interrupt_on_stop_signals`).
+stop a run as Ctrl-C does, and a stopped run ends within :data:`STOP_GRACE_S`
+(:func:`interrupt_on_stop_signals`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import os
 import signal
+import sys
+import threading
+import time
 from typing import Annotated, Any
 
 import typer
@@ -82,21 +88,51 @@ app.add_typer(cluster.cluster_app, name="cluster")
 #: best plan found): a scheduler's or a shell's termination, a closed terminal.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
+#: Seconds a stopped command has to end on its own (print the best plan, end its
+#: workers) before it is ended: its worker processes killed, then itself (exit 130).
+STOP_GRACE_S = 4.0
+
+
+def end_after(seconds: float) -> None:
+    """Start a daemon thread that, ``seconds`` from now, kills this process's worker
+    processes, flushes the output and ends the process with exit status 130.
+
+    The deadline behind every stop: an interrupt raised at an unlucky point (while a
+    lock of the process pool's is taken) can leave the pool's manager thread waiting
+    forever, and the interpreter joins that thread on exit."""
+
+    def end() -> None:
+        time.sleep(seconds)
+        for child in multiprocessing.active_children():
+            child.kill()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # a closed pipe: nothing more to say
+                stream.flush()
+        os._exit(130)
+
+    threading.Thread(target=end, name="stop-deadline", daemon=True).start()
+
 
 def interrupt_on_stop_signals() -> None:
-    """Make :data:`STOP_SIGNALS` raise :class:`KeyboardInterrupt` in this process; a
-    process forked from it (a worker) ends on them as by default."""
+    """Make :data:`STOP_SIGNALS` and SIGINT raise :class:`KeyboardInterrupt` in this
+    process, with :data:`STOP_GRACE_S` to end before it is ended (:func:`end_after`);
+    a process forked from it (a worker) ends on them as by default."""
     main_pid = os.getpid()
+    stopping = False
 
     def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
         del frame
         if os.getpid() != main_pid:  # a forked worker: the default end
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
+        if not stopping:
+            stopping = True
+            end_after(STOP_GRACE_S)
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    for signum in STOP_SIGNALS:
+    for signum in (*STOP_SIGNALS, signal.SIGINT):
         signal.signal(signum, stop)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -22,20 +23,19 @@ from typing import Annotated, Any, get_type_hints
 
 import typer
 import yaml
-from pydantic import ValidationError
 
 from pipette_cp.cost.evaluator.layout_rules import validate_layout
 from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.cluster_file import read_cluster_file
-from pipette_cp.io.files import read_text
+from pipette_cp.io.files import load_json, read_text
 from pipette_cp.io.instance_file import load_instance
 from pipette_cp.io.model_file import load_model
 from pipette_cp.io.profile_file import load_layer_profile
 from pipette_cp.io.yaml_safe import safe_load
+from pipette_cp.report.plan_file import read_plan_document
 from pipette_cp.solvers.milp_engine import DEFAULT_ENGINE, ENGINES, check_engine, require_engine
 from pipette_cp.solvers.registry import MILP_METHODS
 from pipette_cp.specs import Instance, Plan, TrainingSpec, validate_spec
-from pipette_cp.specs._base import spec_error_from
 
 InstanceArgument = Annotated[str, typer.Argument(help="Bundled instance name or instance file.")]
 ModelOption = Annotated[
@@ -290,9 +290,13 @@ PlanInstanceOption = Annotated[
 def read_plan(path: Path) -> Plan:
     """A plan file; a malformed one is an error naming the file."""
     try:
-        return Plan.model_validate_json(read_text(path))
-    except ValidationError as exc:  # name the file, not just its first bytes
-        raise InputFileError(path, str(spec_error_from(exc, "plan"))) from None
+        return read_plan_document(load_json(read_text(path), path))
+    except json.JSONDecodeError as exc:
+        raise InputFileError(
+            path, f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
+    except SpecError as exc:
+        raise InputFileError(path, str(exc)) from None
 
 
 def _recorded_instance(path: Path, plan: Plan, given: str | None = None) -> str | None:

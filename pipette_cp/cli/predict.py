@@ -27,7 +27,8 @@ from pipette_cp.cost.evaluator.evaluate import evaluate
 from pipette_cp.cost.memory.peak import memory_by_stage
 from pipette_cp.errors import LayoutError
 from pipette_cp.io.instance_file import DEFAULT_INSTANCE
-from pipette_cp.report.evaluation import evaluation_json, evaluation_table
+from pipette_cp.report.evaluation import evaluation_table
+from pipette_cp.report.plan_file import plan_document
 from pipette_cp.specs._base import spec_error_from
 from pipette_cp.specs.layouts import make_plan
 from pipette_cp.units import GB
@@ -142,7 +143,7 @@ def predict(
     evaluation = evaluate(inst, plan, predictor=predictor.value)
     memory = memory_by_stage(inst.model, inst.training, plan)
     if as_json:
-        typer.echo(json.dumps(evaluation_json(plan, evaluation, memory), indent=2))
+        typer.echo(json.dumps(plan_document(plan, evaluation, memory), indent=2))
     else:
         steps = inst.training.global_batch_size // (plan.dp * plan.micro_batch_size)
         console.print(

@@ -26,6 +26,7 @@ from pipette_cp.cli.outputs import instance_path, instance_text, write_atomicall
 from pipette_cp.cli.progress import search_progress
 from pipette_cp.errors import InputFileError, SpecError
 from pipette_cp.io.cluster_file import read_cluster_file
+from pipette_cp.report.plan_file import plan_document
 from pipette_cp.report.plans import plans_table
 from pipette_cp.report.robust import robust_json, snapshots_table
 from pipette_cp.search.options import SearchOptions
@@ -110,7 +111,7 @@ def solve_robust(
         at = instance_path(out)
         on_snapshot = with_cluster(inst, snapshots[crit])
         write_atomically(at, instance_text(on_snapshot, at, paths[crit], profile))
-        write_atomically(out, result.plans[0].model_dump_json(indent=1) + "\n")
+        write_atomically(out, json.dumps(plan_document(result.plans[0]), indent=1) + "\n")
     if as_json:
         typer.echo(json.dumps(robust_json(result), indent=1))
         return

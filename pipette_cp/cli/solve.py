@@ -40,6 +40,7 @@ from pipette_cp.cli.progress import solve_progress
 from pipette_cp.cli.robust import QuantileOption, SnapshotsOption, solve_robust
 from pipette_cp.errors import SpecError
 from pipette_cp.io.instance_file import DEFAULT_INSTANCE
+from pipette_cp.report.plan_file import plan_document
 from pipette_cp.report.plans import GAP_LEGEND, plans_json, plans_table
 from pipette_cp.report.summary import plan_summary
 from pipette_cp.search.loop import default_time_limit_s
@@ -207,4 +208,4 @@ def write_plan(
     if inst is not None:
         at = instance_path(out)
         write_atomically(at, instance_text(inst, at, cluster, profile))
-    write_atomically(out, plan.model_dump_json(indent=1) + "\n")
+    write_atomically(out, json.dumps(plan_document(plan), indent=1) + "\n")

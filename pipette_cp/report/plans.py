@@ -7,7 +7,7 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
-from pipette_cp.report.evaluation import evaluation_json
+from pipette_cp.report.plan_file import plan_document
 from pipette_cp.specs import Plan
 from pipette_cp.units import GB
 
@@ -87,12 +87,5 @@ GAP_LEGEND = (
 
 
 def plans_json(plans: list[Plan]) -> list[dict[str, Any]]:
-    """Each plan's evaluation contract plus its solver report and placement."""
-    out = []
-    for plan in plans:
-        assert plan.evaluation is not None
-        entry = evaluation_json(plan, plan.evaluation)
-        entry["solve_info"] = plan.solve_info.model_dump() if plan.solve_info else None
-        entry["placement"] = [list(unit) for unit in plan.placement]
-        out.append(entry)
-    return out
+    """Each plan as the plan file holds it (:func:`~pipette_cp.report.plan_file.plan_document`)."""
+    return [plan_document(plan) for plan in plans]

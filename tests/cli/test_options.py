@@ -12,7 +12,7 @@ from pipette_cp.cli import app
 from pipette_cp.cli.outputs import instance_text
 from pipette_cp.clusters.generators.fat_tree import fat_tree_cluster
 from pipette_cp.io.instance_file import load_instance
-from pipette_cp.specs import Plan
+from pipette_cp.report.plan_file import read_plan_document
 
 runner = CliRunner()
 
@@ -44,7 +44,7 @@ def test_solve_on_a_cluster_file_writes_an_instance_export_can_reload(tmp_path: 
     cluster = _cluster(tmp_path)
     plan_path = tmp_path / "plan.json"
     _solve_on(cluster, plan_path)
-    plan = Plan.model_validate_json(plan_path.read_text())
+    plan = read_plan_document(json.loads(plan_path.read_text()))
     assert plan.instance == "plan.instance.yaml"  # next to the plan, never an absolute path
     inst = load_instance(plan_path.parent / plan.instance)
     assert inst.model.name == "gpt3-1.3b" and inst.cluster.num_gpus == 16

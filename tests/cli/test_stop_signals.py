@@ -54,3 +54,46 @@ def test_a_stop_signal_ends_the_command_and_its_workers(signum: signal.Signals) 
             break
         time.sleep(0.1)
     assert not any(_alive(w) for w in workers)
+
+
+#: A pool whose manager thread can never finish: one of its futures' locks is held, as an
+#: interrupt raised inside ``concurrent.futures.wait`` can leave it.  The interpreter joins
+#: that thread on exit, so without a deadline the stopped command never ends.
+STUCK_POOL = """
+import multiprocessing, os, signal, sys, time
+from concurrent.futures import ProcessPoolExecutor
+from pipette_cp.cli.app import interrupt_on_stop_signals
+from pipette_cp.search.executors.workers import kill_pool
+interrupt_on_stop_signals()
+pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork"))
+future = pool.submit(time.sleep, 0.2)
+print(*(p.pid for p in pool._processes.values()), flush=True)
+future._condition.acquire()
+try:
+    os.kill(os.getpid(), signal.SIG)
+    time.sleep(60)
+except KeyboardInterrupt:
+    kill_pool(pool)
+    print("best plan kept", flush=True)
+"""
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_a_stopped_command_ends_even_when_its_pool_cannot(name: str) -> None:
+    script = STUCK_POOL.replace("signal.SIG)", f"signal.{name})")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    workers, said = run.stdout.splitlines()
+    assert (run.returncode, said) == (130, "best plan kept"), run.stderr
+    assert not any(_alive(int(pid)) for pid in workers.split())
+    assert "Traceback" not in run.stderr
+
+
+def test_an_aborted_runner_is_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipette_cp.io.instance_file import load_instance
+    from pipette_cp.search.executors.workers import ProcessRunner
+
+    runner = ProcessRunner(load_instance("gpt3-1.3b-nominal-8"), "greedy", [], jobs=1)
+    runner.close(abort=True)
+    monkeypatch.setattr(runner._pool, "shutdown", lambda **_: pytest.fail("waited"))
+    runner.close()  # the search's own close after an interrupted phase closed it

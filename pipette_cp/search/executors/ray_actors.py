@@ -16,10 +16,13 @@ Ray already initialised in this process is used as it is.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import signal
 import socket
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -93,6 +96,23 @@ class _Worker:
         return fn(*args)
 
 
+@contextlib.contextmanager
+def _own_stop_handlers() -> Iterator[None]:
+    """Keep this process's SIGTERM, SIGHUP and SIGINT handlers across the block:
+    ``ray.init`` installs a SIGTERM handler that ends the driver at once, and the
+    command's own stops Ray's work as Ctrl-C does, keeping the best plan."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in kept.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+
+
 class RayRunner:
     """``jobs`` Ray actors (see the module docstring)."""
 
@@ -104,16 +124,20 @@ class RayRunner:
         self.jobs = jobs
         self.shares_cores = False  # actors may be on other machines, one core each
         if not self.ray.is_initialized():
-            if address is not None:
-                self.ray.init(address=check_address(address), log_to_driver=False)
-            elif os.environ.get("RAY_ADDRESS"):
-                self.ray.init(log_to_driver=False)
-            else:
-                self.ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False)
+            with _own_stop_handlers():
+                self._init_ray(address, jobs)
         self.lost: tuple[type[BaseException], ...] = (self.ray.exceptions.RayActorError,)
         self._refs = (self.ray.put(instance), method, self.ray.put(list(layouts)))
         self._actor = self.ray.remote(num_cpus=1)(_Worker)
         self._start()
+
+    def _init_ray(self, address: str | None, jobs: int) -> None:
+        if address is not None:
+            self.ray.init(address=check_address(address), log_to_driver=False)
+        elif os.environ.get("RAY_ADDRESS"):
+            self.ray.init(log_to_driver=False)
+        else:
+            self.ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False)
 
     def _start(self) -> None:
         """Start the actors and wait until each holds its state (their start-up, a

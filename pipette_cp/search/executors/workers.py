@@ -300,6 +300,7 @@ class ProcessRunner:
         methods = multiprocessing.get_all_start_methods()
         self._context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
         self._pool = self._start()
+        self._closed = False
 
     def _start(self) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(
@@ -319,7 +320,14 @@ class ProcessRunner:
         self._pool = self._start()
 
     def close(self, abort: bool = False) -> None:
-        """Wait for the workers to finish (``abort``: kill them: an interrupted search)."""
+        """Wait for the workers to finish (``abort``: kill them: an interrupted search).
+
+        Only the first call acts: after an abort nothing is waited for.  An interrupt can
+        leave a future's lock held by this thread, and the pool's manager thread then
+        never ends; waiting for it would hang the command."""
+        if self._closed:
+            return
+        self._closed = True
         if abort:
             self._kill()
         else:

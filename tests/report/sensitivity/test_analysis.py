@@ -19,6 +19,7 @@ from pipette_cp.cli import app
 from pipette_cp.cost.evaluator.evaluate import evaluate
 from pipette_cp.errors import LayoutError, SpecError
 from pipette_cp.io.instance_file import load_instance
+from pipette_cp.report.plan_file import read_plan_document
 from pipette_cp.report.sensitivity.analysis import plan_links, scaled_instance, sensitivity
 from pipette_cp.report.sensitivity.view import sensitivity_json, summary_line
 from pipette_cp.specs import ClusterSpec, Instance, Plan
@@ -72,7 +73,7 @@ def test_a_pair_the_plan_never_uses_has_zero_sensitivity(name: str) -> None:
 
 @pytest.mark.slow
 def test_unused_pairs_of_a_greedy_plan_on_a_bundled_instance(plan_file: Path) -> None:
-    plan = Plan.model_validate_json(plan_file.read_text())
+    plan = read_plan_document(json.loads(plan_file.read_text()))
     instance = load_instance("llama-2-7b-g3-32")
     used = plan_links(instance, plan)
     base = evaluate(instance, plan).iteration_time_s

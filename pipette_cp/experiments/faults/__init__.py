@@ -1,0 +1,1 @@
+"""Measurements of how the commands behave under faults: stop signals, lost workers."""
