@@ -7,13 +7,16 @@ The group is :data:`cluster_app` (``import`` is its sub-group
 
 from __future__ import annotations
 
+import difflib
 import json
+import textwrap
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 import yaml
 from rich.table import Table
+from typer.core import TyperCommand
 
 from pipette_cp.cli.cluster.imports import (
     import_app,
@@ -25,6 +28,13 @@ from pipette_cp.cli.cluster.imports import (
 from pipette_cp.cli.cluster.imports import write_and_report as _write
 from pipette_cp.cli.console import console
 from pipette_cp.clusters.compare import DriftReport, compare_clusters
+from pipette_cp.clusters.generators.help import (
+    Parameter,
+    accepted_keys,
+    generator_kind,
+    generator_parameters,
+)
+from pipette_cp.clusters.generators.params import integer
 from pipette_cp.clusters.generators.registry import generate, generate_timeline
 from pipette_cp.errors import SpecError
 from pipette_cp.io.cluster_file import read_cluster_file
@@ -72,7 +82,83 @@ def _params(items: list[str]) -> dict[str, Any]:
     return params
 
 
-@cluster_app.command("generate")
+#: The options of ``cluster generate`` that set what ``--set`` might otherwise name.
+_OPTION_KEYS = {"nodes": "--nodes", "gpus": "--gpus", "seed": "--seed", "snapshots": "--snapshots"}
+_RAW_ARGS = "pipette_cp.cluster_generate.args"
+
+
+def _parameter_lines(params: list[Parameter], width: int) -> list[str]:
+    """``name  default  description`` per parameter, the description wrapped to ``width``
+    (under the name when the columns would leave it under 30 characters)."""
+    name_w = max(len(p.name) for p in params)
+    text_w = max(len(p.text) for p in params)
+    left = 2 + name_w + 2 + text_w + 2
+    lines: list[str] = []
+    for p in params:
+        about = f"{p.description} [{p.note}]" if p.note else p.description
+        head = f"  {p.name:<{name_w}}  {p.text:<{text_w}}  "
+        if width - left >= 30:
+            wrapped = textwrap.wrap(about, width - left) or [""]
+            lines.append(head + wrapped[0])
+            lines.extend(" " * left + line for line in wrapped[1:])
+        else:
+            lines.append(f"  {p.name}  {p.text}")
+            lines.extend(textwrap.wrap(about, width, initial_indent=" " * 6,
+                                       subsequent_indent=" " * 6))  # fmt: skip
+    return lines
+
+
+class _GenerateCommand(TyperCommand):
+    """``cluster generate``: ``KIND --help`` also lists that generator's ``--set``
+    parameters (:func:`~pipette_cp.clusters.generators.help.generator_parameters`)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        ctx.meta[_RAW_ARGS] = list(args)  # --help acts before KIND is processed
+        return super().parse_args(ctx, args)
+
+    def _kind(self, ctx: Any) -> str | None:
+        try:  # the KIND among the raw arguments, as the parser would place it
+            opts, _, _ = self.make_parser(ctx).parse_args(list(ctx.meta.get(_RAW_ARGS, [])))
+        except Exception:  # a malformed command line: the plain help
+            return None
+        kind = opts.get("kind")
+        return kind if isinstance(kind, str) else None
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        kind = self._kind(ctx)
+        params = generator_parameters(kind) if kind else None  # unknown: one line, no help
+        super().format_help(ctx, formatter)  # rich: printed now; plain: into formatter
+        formatter.write("\n")
+        if kind is None or params is None:
+            formatter.write("Give a KIND before --help to list its parameters "
+                            "(see `pipette-cp list generators`).\n")  # fmt: skip
+            return
+        width = max(formatter.width, 40)
+        formatter.write(f"Parameters of {generator_kind(kind)} (--set KEY=VALUE):\n")
+        formatter.write("".join(f"{line}\n" for line in _parameter_lines(params, width)))
+        note = ("Values are read as YAML (null: none). Not parameters: nodes (--nodes or "
+                "--gpus) and seed (--seed).")  # fmt: skip
+        formatter.write("\n" + textwrap.fill(note, width) + "\n")
+
+
+def _check_keys(kind: str, params: dict[str, Any]) -> None:
+    """Refuse ``--set`` keys that are options or no parameter of ``kind``."""
+    known = accepted_keys(kind)
+    for key, value in params.items():
+        if key in _OPTION_KEYS:
+            raise SpecError(
+                f"--set {key}", value, f"not a generator parameter; use {_OPTION_KEYS[key]}"
+            )
+        if key not in known:
+            name = generator_kind(kind)
+            starts = sorted(k for k in known if k.startswith(key))
+            close = starts or difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.5)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise SpecError(f"{name}.{key}", value, f"unknown parameter{hint}; "
+                            f"`pipette-cp cluster generate {name} --help` lists them")  # fmt: skip
+
+
+@cluster_app.command("generate", cls=_GenerateCommand)
 def generate_cmd(
     kind: Annotated[str, typer.Argument(help="Generator: see `pipette-cp list generators`.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Cluster file to write (YAML).")],
@@ -91,12 +177,19 @@ def generate_cmd(
         typer.Option(help="Timeline generators: number of snapshots (files OUT-t00.yaml, ...)."),
     ] = 1,
     set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Generator parameter KEY=VALUE.")
+        list[str] | None,
+        typer.Option("--set", help="Generator parameter KEY=VALUE (KIND --help lists them)."),
     ] = None,
 ) -> None:
     """Write a seeded synthetic cluster (G1-G7; fat-tree: a fabric of any size)."""
     check_output_file(out, "--out")  # before generating
     params = _params(set_ or [])
+    _check_keys(kind, params)
+    if "gpus_per_node" in params:  # --set gpus_per_node=N: as --gpus-per-node N
+        if gpus_per_node is not None:
+            raise SpecError("--set gpus_per_node", params["gpus_per_node"],
+                            "given twice: also --gpus-per-node")  # fmt: skip
+        gpus_per_node = integer("gpus_per_node", params.pop("gpus_per_node"), 1)
     if gpus is not None:
         params["gpus"] = gpus
     if snapshots > 1:
