@@ -19,6 +19,7 @@ from pipette_cp.io.huggingface.config import is_hf_config
 from pipette_cp.io.instance_file import DEFAULT_INSTANCE, list_instances, load_instance
 from pipette_cp.io.model_file import list_models, load_model
 from pipette_cp.io.output_paths import check_output_dir, output_error
+from pipette_cp.report.reference import schemas as file_schemas
 from pipette_cp.report.show import cluster_table, instance_report, model_table
 from pipette_cp.specs import GPU_CATALOG, SCHEMA_SPECS
 
@@ -92,17 +93,30 @@ def show(
 
 def schema(
     out: Annotated[
-        Path, typer.Option("--out", "-o", help="Directory to write <Spec>.schema.json files into.")
+        Path, typer.Option("--out", "-o", help="Directory to write the .schema.json files into.")
     ],
+    specs: Annotated[
+        bool,
+        typer.Option(
+            "--specs",
+            help="The Python API's specs (<Spec>.schema.json, SI units) "
+            "instead of the files users write.",
+        ),
+    ] = False,
 ) -> None:
-    """Export the JSON schema of every spec (model, cluster, training, plan, ...)."""
+    """Write the JSON Schema of every file users write: cluster, instance, model, plan
+    and profile (<kind>.schema.json; an editor can check a file against it)."""
     check_output_dir(out, "--out")
+    documents = (
+        {f"{s.__name__}.schema.json": s.model_json_schema() for s in SCHEMA_SPECS}
+        if specs
+        else file_schemas()
+    )
     try:
         out.mkdir(parents=True, exist_ok=True)
-        for spec in SCHEMA_SPECS:
-            path = out / f"{spec.__name__}.schema.json"
-            text = json.dumps(spec.model_json_schema(), indent=2) + "\n"
-            path.write_text(text, encoding="utf-8")
+        for name, document in documents.items():
+            path = out / name
+            path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
             console.print(f"wrote {path}", highlight=False)
     except OSError as exc:
         raise output_error("--out", out, exc) from None

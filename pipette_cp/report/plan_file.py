@@ -20,9 +20,9 @@ key) are still read.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from pipette_cp.cost.memory.peak import MemoryBreakdown
 from pipette_cp.errors import SpecError
@@ -37,7 +37,8 @@ FORMAT = "pipette-cp-plan/2"
 #: the name: _s seconds, _gb GB = 1e9 bytes).  Read back into the plan's evaluation
 #: where one is given; ``layout`` and the per-stage breakdown are reports only.
 DOCUMENT_KEYS: dict[str, str] = {
-    "format": f"Always {FORMAT}.",
+    "format": f"Always {FORMAT}.  The tool writes every key below; a plan written by "
+    "hand may leave out the evaluation's (export, plot and explain evaluate it again).",
     "layout": "The layout in one word (dp, pp, tp, micro-batch and the knobs that differ "
     "from their defaults); a report, not read back.",
     "iteration_time_s": "Predicted seconds per training step.",
@@ -57,6 +58,17 @@ DOCUMENT_KEYS: dict[str, str] = {
     "predictor": "Which model gave iteration_time_s: analytic or simulator.",
     "memory_breakdown_gb_by_stage": "Optional (predict): each stage's peak by part, GB.",
 }
+
+#: The type of each of :data:`DOCUMENT_KEYS` (for the plan file's schema).
+_DOCUMENT_TYPES: dict[str, Any] = {
+    "format": Literal["pipette-cp-plan/2"], "layout": str | None,
+    "iteration_time_s": float, "tokens_per_s": float, "model_tflops_per_gpu": float,
+    "hardware_tflops_per_gpu": float, "mfu": float, "hfu": float,
+    "memory_gb_per_gpu_max": float, "memory_gb_by_stage": list[float],
+    "memory_bound_gb_by_stage": list[float], "memory_limit_gb": float,
+    "memory_margin_gb": float, "fits": bool, "breakdown": dict[str, float],
+    "predictor": str, "memory_breakdown_gb_by_stage": list[dict[str, float]] | None,
+}  # fmt: skip
 
 _EVALUATION_GB = {
     "memory_gb_by_stage": "memory_bytes_by_stage",
@@ -123,3 +135,27 @@ def _gb(value: Any, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise SpecError(field, value, "expected a number of GB")
     return float(value) * GB
+
+
+def plan_file_model() -> type[BaseModel]:
+    """A pydantic model of the plan document: the plan's own fields and :data:`DOCUMENT_KEYS`."""
+    plan = {name: (info.annotation, info) for name, info in Plan.model_fields.items()}
+    # the tool writes every report key; a plan written by hand may leave them out
+    report = {key: (kind, Field(... if key == "format" else None, description=DOCUMENT_KEYS[key]))
+              for key, kind in _DOCUMENT_TYPES.items()}  # fmt: skip
+    head = ("format", "instance", "layout")
+    tail = ("solve_info", "placement")
+    order = [*head, *(f for f in _PLAN_FIELDS if f not in head + tail),
+             *(k for k in DOCUMENT_KEYS if k not in head), *tail]  # fmt: skip
+    fields = {name: (plan | report)[name] for name in order}
+    model = create_model(  # type: ignore[call-overload]
+        "PlanFile", __config__=ConfigDict(extra="forbid"), __doc__="A plan: its layout, knobs, "
+        "layer split and placement, with the predicted time and memory that chose it.",
+        **fields,
+    )  # fmt: skip
+    return model  # type: ignore[no-any-return]
+
+
+def plan_file_schema() -> dict[str, Any]:
+    """The JSON Schema of a plan document (:func:`plan_file_model`)."""
+    return dict(plan_file_model().model_json_schema())

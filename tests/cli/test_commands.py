@@ -67,9 +67,17 @@ def test_generate_timeline_writes_one_file_per_snapshot(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t-t00.yaml", "t-t01.yaml", "t-t02.yaml"]
 
 
-def test_schema_export(tmp_path: Path) -> None:
-    code, _ = run("schema", "-o", str(tmp_path))
-    assert code == 0 and (tmp_path / "Plan.schema.json").exists()
+def test_schema_writes_the_file_formats_and_with_specs_the_api_specs(tmp_path: Path) -> None:
+    code, _ = run("schema", "-o", str(tmp_path / "files"))
+    assert code == 0
+    written = sorted(p.name for p in (tmp_path / "files").iterdir())
+    assert written == [
+        f"{k}.schema.json" for k in ("cluster", "instance", "model", "plan", "profile")
+    ]
+    plan = json.loads((tmp_path / "files" / "plan.schema.json").read_text())
+    assert "memory_gb_per_gpu_max" in plan["properties"]  # user units, as the plan file
+    code, _ = run("schema", "--specs", "-o", str(tmp_path / "specs"))
+    assert code == 0 and (tmp_path / "specs" / "Plan.schema.json").exists()
 
 
 def _instance(tmp_path: Path, **parts: object) -> Path:

@@ -60,7 +60,7 @@ def test_a_bad_output_path_is_one_line(case: str, tmp_path: Path, plan_file: Pat
 def test_a_folder_is_made_with_its_missing_parents(tmp_path: Path) -> None:
     check_output_dir(tmp_path / "new" / "deeper", "--out")  # may be made
     result = CliRunner().invoke(app, ["schema", "-o", str(tmp_path / "new" / "deeper")])
-    assert result.exit_code == 0 and (tmp_path / "new" / "deeper" / "Plan.schema.json").is_file()
+    assert result.exit_code == 0 and (tmp_path / "new" / "deeper" / "plan.schema.json").is_file()
     check_output_file(tmp_path / "plan.json", "--out")  # a plain file in a real folder
 
 

@@ -14,6 +14,7 @@ import pytest
 import typer.main
 
 from pipette_cp.cli import app
+from pipette_cp.report.reference import schemas as file_schemas
 from pipette_cp.specs import SCHEMA_SPECS
 from tests.conftest import FIXTURES, ROOT
 
@@ -41,8 +42,14 @@ def cli_surface() -> dict[str, list[str]]:
 def test_published_schema_matches_the_code(spec: type) -> None:
     published = json.loads((SCHEMAS / f"{spec.__name__}.schema.json").read_text())
     assert published == spec.model_json_schema(), (
-        "regenerate: pipette-cp schema -o pipette_cp/schemas"
+        "regenerate: pipette-cp schema --specs -o pipette_cp/schemas"
     )
+
+
+@pytest.mark.parametrize("name", sorted(file_schemas()))
+def test_published_file_schema_matches_the_code(name: str) -> None:
+    published = json.loads((SCHEMAS / name).read_text())
+    assert published == file_schemas()[name], "regenerate: pipette-cp schema -o pipette_cp/schemas"
 
 
 def test_cli_surface_is_pinned() -> None:
