@@ -1,48 +1,71 @@
 """Pictures of a plan: the simulated pipeline timeline and the placement over the
 bandwidth matrix.  Both return a matplotlib Figure built without pyplot (no global
-state, no display); ``fig.savefig(path)`` writes it."""
+state, no display); ``fig.savefig(path)`` writes it.
+
+Small plans are drawn op by op and node by node; past :data:`MAX_DETAILED_STAGES`
+stages or :data:`MAX_DETAILED_OPS` compute ops on a stage, and past
+:data:`MAX_DETAILED_NODES` nodes (or on a hierarchical fabric), the aggregated views of
+:mod:`pipette_cp.report.plot_shares` and :mod:`pipette_cp.report.plot_blocks` take over, so that a plan of 16,384 GPUs stays a
+legible picture of bounded size, drawn in seconds."""
 
 from __future__ import annotations
 
 import numpy as np
-from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from pipette_cp.cost.schedule.simulator import Timeline
+from pipette_cp.report.plot_blocks import block_placement_figure, stage_colormap, used_links
+from pipette_cp.report.plot_shares import COLORS as _COLORS
+from pipette_cp.report.plot_shares import COMPUTE as _COMPUTE
+from pipette_cp.report.plot_shares import share_timeline_figure
 from pipette_cp.specs import Instance, Plan
 from pipette_cp.units import GB
 
-_COLORS = {
-    "forward": "#4C72B0",
-    "backward": "#DD8452",
-    "send": "#55A868",
-    "recv": "#8CCB9B",
-    "dp_sync": "#C44E52",
-    "embedding_sync": "#8172B3",
-    "optimizer": "#937860",
-    "param_gather": "#DA8BC3",
-}
-_COMPUTE = ("forward", "backward")
+MAX_DETAILED_STAGES = 32
+MAX_DETAILED_OPS = 96  # forward and backward ops of one stage
+MAX_DETAILED_NODES = 64
+
+
+def timeline_is_detailed(timeline: Timeline) -> bool:
+    """Whether :func:`timeline_figure` draws ``timeline`` op by op."""
+    per_stage = np.bincount([o.stage for o in timeline.ops if o.kind in _COMPUTE],
+                            minlength=1)  # fmt: skip
+    return timeline.num_stages <= MAX_DETAILED_STAGES and per_stage.max() <= MAX_DETAILED_OPS
+
+
+def placement_is_detailed(instance: Instance) -> bool:
+    """Whether :func:`placement_figure` draws ``instance``'s cluster node by node."""
+    cluster = instance.cluster
+    return cluster.num_nodes <= MAX_DETAILED_NODES and not cluster.is_hierarchical
 
 
 def timeline_figure(timeline: Timeline, title: str = "") -> Figure:
     """Gantt chart: one row per pipeline stage (GPUs of DP replica 0), compute as full
-    bars labelled with the micro-batch, transfers and syncs as thin bars below them."""
+    bars labelled with the micro-batch, transfers and syncs as thin bars below them.
+    A big timeline (see :func:`timeline_is_detailed`): each stage's shares of forward,
+    backward, exposed transfers and idle time over the iteration instead
+    (:func:`~pipette_cp.report.plot_shares.share_timeline_figure`)."""
+    iteration = f"{timeline.schedule} schedule, iteration {timeline.iteration_time_s:.3f} s"
+    if not timeline_is_detailed(timeline):
+        return share_timeline_figure(timeline, title or f"{timeline.num_stages} stages")
     p = timeline.num_stages
     height = 1.6 + 0.5 * p
     fig = Figure(figsize=(12, height))
     ax = fig.subplots()
-    for op in timeline.ops:
-        row = p - 1 - op.stage
-        compute = op.kind in _COMPUTE
-        y, h = (row + 0.3, 0.6) if compute else (row + 0.05, 0.2)
-        ax.broken_barh([(op.start_s, op.end_s - op.start_s)], (y, h), color=_COLORS.get(op.kind, "grey"),
-                       edgecolor="white" if compute else None, linewidth=0.3)  # fmt: skip
+    bars: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    for op in timeline.ops:  # one collection per stage and kind, one box per op in it
+        bars.setdefault((op.stage, op.kind), []).append((op.start_s, op.end_s - op.start_s))
         width = op.end_s - op.start_s
-        if compute and op.micro_batch >= 0 and width > timeline.iteration_time_s / 120:
-            ax.text(op.start_s + width / 2, row + 0.6, str(op.micro_batch), ha="center", va="center",
-                    fontsize=6, color="white")  # fmt: skip
+        if op.kind in _COMPUTE and op.micro_batch >= 0 and width > timeline.iteration_time_s / 120:
+            ax.text(op.start_s + width / 2, p - 1 - op.stage + 0.6, str(op.micro_batch),
+                    ha="center", va="center", fontsize=6, color="white")  # fmt: skip
+    for (stage, kind), spans in sorted(bars.items(), key=lambda item: item[0][0]):
+        row = p - 1 - stage
+        compute = kind in _COMPUTE
+        y, h = (row + 0.3, 0.6) if compute else (row + 0.05, 0.2)
+        ax.broken_barh(spans, (y, h), color=_COLORS.get(kind, "grey"),
+                       edgecolor="white" if compute else None, linewidth=0.3)  # fmt: skip
     labels = []
     for s in range(p):
         gpus = timeline.stage_gpus[s] if s < len(timeline.stage_gpus) else ()
@@ -63,9 +86,7 @@ def timeline_figure(timeline: Timeline, title: str = "") -> Figure:
     kinds = sorted({op.kind for op in timeline.ops}, key=list(_COLORS).index)
     handles = [Patch(color=_COLORS[k], label=k.replace("_", " ")) for k in kinds]
     fig.legend(handles=handles, loc="lower center", ncol=len(kinds), fontsize=7, frameon=False)
-    ax.set_title(
-        title or f"{timeline.schedule} schedule, iteration {timeline.iteration_time_s:.3f} s"
-    )
+    ax.set_title(f"{title}: {iteration}" if title else iteration)
     fig.tight_layout(rect=(0, 0.3 / height, 1, 1))
     return fig
 
@@ -73,7 +94,11 @@ def timeline_figure(timeline: Timeline, title: str = "") -> Figure:
 def placement_figure(instance: Instance, plan: Plan) -> Figure:
     """Left: the node x node bandwidth matrix with the node pairs the plan's pipeline
     hops (circles) and DP rings (squares) use; slow and failed links stand out.
-    Right: which stage (colour) and replica (number) each GPU slot holds."""
+    Right: which stage (colour) and replica (number) each GPU slot holds.
+    A big cluster (see :func:`placement_is_detailed`): the same over blocks of nodes
+    (:func:`~pipette_cp.report.plot_blocks.block_placement_figure`)."""
+    if not placement_is_detailed(instance):
+        return block_placement_figure(instance, plan)
     cluster = instance.cluster
     nodes = cluster.node_matrix()
     n, g = cluster.num_nodes, cluster.gpus_per_node
@@ -92,12 +117,13 @@ def placement_figure(instance: Instance, plan: Plan) -> Figure:
     for pairs, marker, label in ((hops, "o", "pipeline hop"), (rings, "s", "DP ring")):
         if pairs:
             i, j = zip(*sorted(pairs), strict=True)
+            colors = ["red" if pairs[p] else "white" for p in sorted(pairs)]
             left.scatter(
                 j,
                 i,
                 marker=marker,
                 facecolors="none",
-                edgecolors="white",
+                edgecolors=colors,
                 s=42,
                 linewidths=1.2,
                 label=label,
@@ -120,7 +146,7 @@ def placement_figure(instance: Instance, plan: Plan) -> Figure:
             for gpu in plan.unit_gpus(stage, replica):
                 grid[gpu // g, gpu % g] = stage
                 text[(gpu // g, gpu % g)] = str(replica)
-    cmap = colormaps["tab20"].resampled(max(plan.pp, 2))
+    cmap = stage_colormap(plan.pp)
     right.imshow(grid, cmap=cmap, vmin=-0.5, vmax=max(plan.pp, 2) - 0.5, aspect="auto")
     if n * g <= 512:
         for (r, c), label in text.items():
@@ -137,22 +163,16 @@ def placement_figure(instance: Instance, plan: Plan) -> Figure:
     return fig
 
 
-def _used_node_pairs(instance: Instance, plan: Plan) -> tuple[set, set]:
-    """Inter-node pairs carrying pipeline hops and DP ring traffic (tp rank 0)."""
-    node = instance.cluster.node_of
-    hops, rings = set(), set()
-    boundaries = [(s, s + 1) for s in range(plan.pp - 1)]
-    if plan.vpp > 1 and plan.pp > 1:  # interleaving: the last stage feeds stage 0
-        boundaries.append((plan.pp - 1, 0))
-    for d in range(plan.replicas):
-        for s, nxt in boundaries:
-            a, b = node(plan.unit_gpus(s, d)[0]), node(plan.unit_gpus(nxt, d)[0])
-            if a != b:
-                hops.add((a, b))
-    for s in range(plan.pp):
-        ring = [node(plan.unit_gpus(s, d)[0]) for d in range(plan.replicas)]
-        for k, a in enumerate(ring):
-            b = ring[(k + 1) % len(ring)]
-            if a != b and plan.replicas > 1:
-                rings.add((a, b))
-    return hops, rings
+def _used_node_pairs(
+    instance: Instance, plan: Plan
+) -> tuple[dict[tuple[int, int], bool], dict[tuple[int, int], bool]]:
+    """Inter-node pairs carrying pipeline hops and DP ring traffic (NCCL's rings, every
+    tp rank), each with whether one of its used GPU links has failed."""
+    links = used_links(instance, plan)
+    g = instance.cluster.gpus_per_node
+    out: tuple[dict[tuple[int, int], bool], dict[tuple[int, int], bool]] = ({}, {})
+    for a, b, bw, ring in zip((links.src // g).tolist(), (links.dst // g).tolist(),
+                              links.bandwidth.tolist(), links.ring.tolist(), strict=True):  # fmt: skip
+        pairs = out[int(ring)]
+        pairs[(a, b)] = pairs.get((a, b), False) or bw <= 0
+    return out
