@@ -7,6 +7,7 @@ are only starting points for the solvers.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import product
@@ -24,9 +25,16 @@ from pipette_cp.specs.layouts import even_split, megatron_placement
 from pipette_cp.specs.selection import gpu_totals
 
 
-def divisors(n: int) -> list[int]:
-    """Positive divisors of ``n`` in increasing order."""
-    return [d for d in range(1, n + 1) if n % d == 0]
+def divisors(n: int, at_most: int | None = None) -> list[int]:
+    """Positive divisors of ``n`` (those up to ``at_most``) in increasing order, in
+    ``O(min(sqrt n, at_most))`` steps."""
+    limit = n if at_most is None else min(n, at_most)
+    root = math.isqrt(n)
+    if limit <= root:
+        return [d for d in range(1, limit + 1) if n % d == 0]
+    small = [d for d in range(1, root + 1) if n % d == 0]
+    large = [n // d for d in reversed(small) if n // d != d and n // d <= limit]
+    return small + large
 
 
 @dataclass(frozen=True)
@@ -72,7 +80,8 @@ def expert_sizes(instance: Instance, space: SearchSpace, tp: int) -> list[tuple[
     model = instance.model
     if not model.is_moe:
         return [(1, None)]
-    eps = space.ep if space.ep is not None else divisors(model.num_experts)
+    # an expert group is no larger than the job
+    eps = space.ep if space.ep is not None else divisors(model.num_experts, instance.cluster.num_gpus)
     etps = space.etp if space.etp is not None else sorted({tp, 1})
     return [
         (e, None if t == tp else t)

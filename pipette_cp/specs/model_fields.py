@@ -14,6 +14,10 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from pipette_cp.specs._base import FrozenSpec
 
+#: Most transformer blocks a model may have: the per-layer bookkeeping (which blocks are
+#: dense, experts, Mamba, in which chunk) is linear in it; real models have a few hundred.
+MAX_LAYERS = 100_000
+
 Activation = Literal["gelu", "swiglu", "squared_relu"]
 Norm = Literal["layernorm", "rmsnorm"]
 PositionEmbedding = Literal["learned", "rope", "alibi", "none"]
@@ -23,7 +27,9 @@ class TransformerFields(FrozenSpec):
     """The fields every decoder-only transformer has (see ``ModelSpec``)."""
 
     name: str = Field(description="Short identifier, e.g. 'llama-2-7b'.")
-    num_layers: int = Field(gt=0, description="Number of transformer blocks.")
+    num_layers: int = Field(
+        gt=0, le=MAX_LAYERS, description=f"Number of transformer blocks (at most {MAX_LAYERS:,})."
+    )
     hidden_size: int = Field(gt=0, description="Model width h.")
     num_attention_heads: int = Field(gt=0, description="Query heads a.")
     num_kv_heads: int | None = Field(

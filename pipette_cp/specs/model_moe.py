@@ -16,14 +16,21 @@ _DENSE_VALUES: dict[str, object] = {
 }  # fmt: skip
 
 
+#: Most routed experts a layer may have: 2^20, the million experts of PEER (He, "Mixture
+#: of A Million Experts", 2024).
+MAX_EXPERTS = 2**20
+
+
 class MoeFields(HybridFields):
     """The experts of a mixture-of-experts model (see ``ModelSpec``)."""
 
     num_experts: int = Field(
         default=1,
         gt=0,
+        le=MAX_EXPERTS,
         description="Routed experts of each mixture-of-experts layer (Megatron --num-experts; "
-        "Hugging Face num_local_experts, num_experts, n_routed_experts); 1 = dense.",
+        "Hugging Face num_local_experts, num_experts, n_routed_experts); 1 = dense; at most "
+        f"{MAX_EXPERTS:,}.",
     )
     moe_top_k: int = Field(
         default=1,
