@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipette_cp.checker import CHECKS
 from pipette_cp.clusters.expand import cluster_from_node_matrix
 from pipette_cp.cost.evaluator.evaluate import Evaluator, evaluate, simulate, validate_layout
 from pipette_cp.errors import InfeasibleError, LayoutError
@@ -13,6 +14,7 @@ from pipette_cp.experiments.solving.speed import make_instance, make_plans
 from pipette_cp.specs import Evaluation, Instance, ModelSpec, Plan, TrainingSpec, resolve_gpu
 from pipette_cp.specs.layouts import even_split, make_plan
 from pipette_cp.units import GB
+from tests.conftest import small_instance
 
 GPT = ModelSpec(name="gpt-1.3b", num_layers=24, hidden_size=2048, num_attention_heads=16,
                 ffn_hidden_size=8192, vocab_size=50257, max_seq_length=2048)  # fmt: skip
@@ -297,3 +299,24 @@ def test_valid_layouts_pass_validation() -> None:
     inst = instance()
     for dp, pp, tp in LAYOUTS:
         validate_layout(inst, plan(dp=dp, pp=pp, tp=tp))
+
+
+def test_a_stage_spanning_two_gpu_types_fits_only_if_the_smaller_holds_it() -> None:
+    """A stage on a small and a large GPU type is limited by the small one: a plan that
+    fits only the larger is refused by the evaluator and the checker alike, and the same
+    layout on large GPUs alone fits."""
+    base = small_instance(nodes=2, gpus_per_node=2)
+    plan = make_plan(num_layers=base.model.num_layers, dp=2, pp=1, tp=1, micro_batch_size=1)
+    need = evaluate(base, plan).memory_bytes_max
+    large = base.cluster.gpu_types[base.cluster.node_gpu_types[1]]
+    small = large.model_copy(update={"name": "small", "memory_bytes": 0.8 * need})
+    cluster = base.cluster.model_copy(update={"gpu_types": {large.name: large, "small": small},
+                                              "node_gpu_types": ("small", large.name)})  # fmt: skip
+    mixed = base.model_copy(update={"cluster": cluster})
+    across = plan.model_copy(update={"placement": ((0,), (2,))})  # one replica on each type
+    on_large = plan.model_copy(update={"placement": ((2,), (3,))})
+    ev = evaluate(mixed, across)
+    assert not ev.fits and ev.memory_limit_bytes < need
+    assert CHECKS["memory_limit"](mixed, across.model_copy(update={"evaluation": ev}))
+    ev_large = evaluate(mixed, on_large)
+    assert ev_large.fits and ev_large.memory_limit_bytes > need
