@@ -34,10 +34,11 @@ PHASES = {
 
 
 def _workers(pid: int, executor: str) -> list[int]:
-    """The worker processes of the command ``pid`` (Ray: the actors' processes)."""
+    """The worker processes of the command ``pid`` (Ray: the search's actors, not Ray's
+    own agents and servers)."""
     found = sorted(descendants(pid))
     if executor == "ray":
-        return [p for p in found if _cmdline(p).startswith("ray::")]
+        return [p for p in found if _cmdline(p).startswith("ray::_Worker")]
     return found
 
 
