@@ -32,6 +32,7 @@ from functools import partial
 from typing import Any
 
 from pipette_cp.cost.evaluator.evaluate import Evaluator
+from pipette_cp.errors import PipetteError
 from pipette_cp.search.executors.workers import (
     HANG_GRACE_S,
     SOLVE_TICKS_PER_GPU,
@@ -160,11 +161,15 @@ def solve_ordered(
             continue
         state["spent"] += result.spent_s
         plan = result.plan
-        if plan is None:
+        try:  # a plan crossing a failed pair (a baseline's fixed order): as the clock's search
+            evaluation = None if plan is None else evaluator.evaluate(plan)
+        except PipetteError:
+            evaluation = None
+        if plan is None or evaluation is None:
             stats.method_failures += 1
             continue
-        best = accept(instance, plan, evaluator.evaluate(plan), stats, options, weight, best,
-                      improved, placed, solved)  # fmt: skip
+        best = accept(instance, plan, evaluation, stats, options, weight, best, improved,
+                      placed, solved)  # fmt: skip
     return solved
 
 

@@ -290,8 +290,9 @@ class HierarchicalFabric(_ArraySpec):
         out = self._nominal(a, b)
         return _override(out, a * n + b, t["node_keys"], t["node_bw"], a != b)
 
-    def without_failures(self) -> HierarchicalFabric:
-        """This fabric with every failed pair at the slowest working bandwidth."""
+    def slowest_working_bytes_per_s(self) -> float:
+        """A lower bound on every working GPU pair's bandwidth, bytes/s: the slowest
+        level at the slowest NIC factor, NVLink, the slowest working exception."""
         t = self._tables()
         working = [float(t["level_bw"].min() * t["factor"].min())]
         if self.gpus_per_node > 1:
@@ -299,7 +300,11 @@ class HierarchicalFabric(_ArraySpec):
         for pairs in (self.node_pairs, self.gpu_pairs):
             bw = pairs.bandwidth_bytes_per_s
             working.append(float(bw[bw > 0].min(initial=np.inf)))
-        slowest = min(working)
+        return min(working)
+
+    def without_failures(self) -> HierarchicalFabric:
+        """This fabric with every failed pair at the slowest working bandwidth."""
+        slowest = self.slowest_working_bytes_per_s()
         update = {
             field: pairs.model_copy(update={"bandwidth_bytes_per_s": np.where(
                 pairs.bandwidth_bytes_per_s > 0, pairs.bandwidth_bytes_per_s, slowest)})

@@ -10,9 +10,10 @@ import pytest
 from ortools.sat.python import cp_model
 from typer.testing import CliRunner
 
+from pipette_cp.checker import check_plan
 from pipette_cp.cli import app
 from pipette_cp.errors import SpecError
-from pipette_cp.io.instance_file import load_instance
+from pipette_cp.io.instance_file import instance_from_mapping, load_instance
 from pipette_cp.search import search
 from pipette_cp.search.executors import workers
 from pipette_cp.search.options import SearchOptions
@@ -146,3 +147,18 @@ def test_bad_input_is_one_line_and_exit_2(extra, named) -> None:
     assert out.exit_code == 2
     lines = out.output.strip().splitlines()
     assert len(lines) == 1 and named in lines[0], out.output
+
+
+@pytest.mark.parametrize("method", ["megatron-default", "amp", "pipette-sa"])
+def test_a_work_budget_gives_baselines_a_plan_on_failed_links(method: str) -> None:
+    """A baseline's plan that crosses a failed pair is a failed solve, not the end of the
+    search (it raised InfeasibleError out of the work-budget search)."""
+    inst = instance_from_mapping({
+        "name": "h2-failed", "model": "gpt3-1.3b",
+        "cluster": {"generator": {"kind": "degraded", "base": "h100-multileaf", "nodes": 8,
+                                  "seed": 3, "failed_fraction": 0.15}},
+        "training": {"global_batch_size": 128, "seq_length": 2048},
+    })  # fmt: skip
+    assert inst.cluster.has_failed_pairs
+    result = search(inst, SearchOptions(method=method, time_limit_s=10, deterministic=True))
+    assert result.plans and check_plan(inst, result.plans[0]) == []

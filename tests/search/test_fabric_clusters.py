@@ -18,6 +18,7 @@ from pipette_cp.search.loop import search
 from pipette_cp.search.options import SearchOptions
 from pipette_cp.solvers import methods
 from pipette_cp.solvers.baselines import greedy as greedy_module
+from pipette_cp.solvers.options import SolveOptions
 from pipette_cp.solvers.placement.repair import placement_excess, repair_placement, repair_units
 from pipette_cp.specs import (
     ClusterSpec,
@@ -263,3 +264,26 @@ def test_beyond_the_masters_the_search_repairs(monkeypatch) -> None:
     assert result.plans and calls
     for plan in result.plans:  # no master ran: no bound is claimed
         assert not check_plan(inst, plan) and plan.solve_info.bound is None
+
+
+def test_context_and_expert_groups_are_placed_on_a_fabric() -> None:
+    """cp, ep and etp on a fabric cluster: the group families' worst case comes from the
+    fabric's own bound (it compared the link view with 0 and crashed), which is no above
+    any working pair's bandwidth; the plan checks and costs as on the dense twin."""
+    tree, dense = twins(fabric())
+    assert tree.fabric is not None
+    working = dense.bandwidth_bytes_per_s[dense.bandwidth_bytes_per_s > 0]
+    assert tree.fabric.slowest_working_bytes_per_s() <= working.min()
+    moe = load_model("tiny-gpt").model_copy(update={"name": "tiny-moe", "num_experts": 8,
+                                                    "moe_top_k": 2})  # fmt: skip
+    skeleton = make_plan(num_layers=moe.num_layers, dp=4, pp=2, tp=2, cp=2, ep=2, etp=1,
+                         micro_batch_size=1, sequence_parallel=True)  # fmt: skip
+    times = []
+    for cluster in (tree, dense):
+        inst = instance(cluster).model_copy(update={"model": moe})
+        plan = methods.cpsat(inst, skeleton, SolveOptions(time_limit_s=30, deterministic=True))
+        assert check_plan(inst, plan) == []
+        times.append(Evaluator(inst).evaluate(plan).iteration_time_s)
+        if cluster is tree:
+            on_dense = Evaluator(instance(dense).model_copy(update={"model": moe}))
+            assert on_dense.evaluate(plan).iteration_time_s == pytest.approx(times[0], rel=1e-9)
