@@ -134,6 +134,20 @@ def interrupt_on_stop_signals() -> None:
 
     for signum in (*STOP_SIGNALS, signal.SIGINT):
         signal.signal(signum, stop)
+    default_hook = sys.unraisablehook
+
+    def raise_again(unraisable: Any) -> None:
+        # a stop raised where Python cannot raise it (a fork handler, a finaliser) is
+        # printed as "Exception ignored" and lost: raise it again in the main thread, once
+        # this hook has returned (from here it would be raised inside the hook)
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and os.getpid() == main_pid:
+            main = threading.main_thread().ident
+            assert main is not None
+            threading.Timer(0.01, signal.pthread_kill, (main, signal.SIGINT)).start()
+            return
+        default_hook(unraisable)
+
+    sys.unraisablehook = raise_again
 
 
 def main() -> None:

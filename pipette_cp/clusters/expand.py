@@ -1,12 +1,21 @@
-"""Build a GPU-level :class:`ClusterSpec` from node-level measurements."""
+"""Build a GPU-level :class:`ClusterSpec` from node-level measurements.
+
+Up to :data:`~pipette_cp.specs.hierarchy.MAX_DENSE_VIEW_GPUS` GPUs the node matrix is
+expanded to the GPU x GPU matrix; beyond, it is held exactly as a fabric
+(:func:`node_matrix_fabric`: one level over every node plus an exception for each pair
+off that level), so a 16,384-GPU cluster never builds its 2 GB GPU matrix.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
 from pipette_cp.specs._base import validate_spec
-from pipette_cp.specs.cluster import ClusterSpec
+from pipette_cp.specs.cluster import MIN_LINK_BYTES_PER_S, ClusterSpec
 from pipette_cp.specs.gpu import GpuSpec
+from pipette_cp.specs.hierarchy import MAX_DENSE_VIEW_GPUS, HierarchicalFabric
 
 
 def expand_node_matrix(
@@ -29,6 +38,47 @@ def expand_node_matrix(
     return matrix
 
 
+def node_matrix_fabric(
+    node_bandwidth: np.ndarray,
+    intra_node: float | np.ndarray | Sequence[float],
+    gpus_per_node: int,
+    *,
+    intra_node_latency_s: float = 5e-6,
+    inter_node_latency_s: float = 10e-6,
+) -> HierarchicalFabric:
+    """The node matrix as a fabric with the same links: one level over every node at the
+    median working node pair, every other node pair an exception (0: failed), and the
+    intra-node pairs that differ from the median intra-node value as GPU-pair exceptions.
+
+    ``intra_node``: one value, a G x G matrix for every node, or one value per node.
+    """
+    node = np.asarray(node_bandwidth, dtype=np.float64)
+    n, g = node.shape[0], gpus_per_node
+    off = ~np.eye(n, dtype=bool)
+    working = node[off & (node > 0)]
+    level = float(np.median(working)) if working.size else MIN_LINK_BYTES_PER_S
+    src, dst = np.nonzero(off & (node != level))
+    intra = np.asarray(intra_node, dtype=np.float64)
+    local = ~np.eye(g, dtype=bool)
+    if intra.ndim == 2:  # one G x G matrix for every node
+        per_gpu = np.broadcast_to(intra, (n, g, g))
+    else:  # one value, or one per node
+        per_gpu = np.broadcast_to(np.broadcast_to(intra, (n,))[:, None, None], (n, g, g))
+    values = per_gpu[:, local] if g > 1 else np.zeros((n, 0))
+    nvlink = float(np.median(values)) if values.size else max(level, MIN_LINK_BYTES_PER_S)
+    k, pair = np.nonzero(values != nvlink)
+    i, j = np.nonzero(local)
+    return validate_spec(HierarchicalFabric, {
+        "num_nodes": n, "gpus_per_node": g, "nvlink_bandwidth_bytes_per_s": nvlink,
+        "nvlink_latency_s": intra_node_latency_s,
+        "levels": [{"name": "all", "nodes": n, "bandwidth_bytes_per_s": level,
+                    "latency_s": inter_node_latency_s}],
+        "node_pairs": {"src": src, "dst": dst, "bandwidth_bytes_per_s": node[src, dst]},
+        "gpu_pairs": {"src": k * g + i[pair], "dst": k * g + j[pair],
+                      "bandwidth_bytes_per_s": values[k, pair]},
+    }, "cluster.fabric")  # fmt: skip
+
+
 def cluster_from_node_matrix(
     *,
     node_bandwidth: np.ndarray,
@@ -49,6 +99,13 @@ def cluster_from_node_matrix(
     (``nodes_per_nvlink_domain``: consecutive nodes of one NVLink domain)."""
     num_nodes = int(node_bandwidth.shape[0])
     width = max(3, len(str(num_nodes - 1)))
+    if num_nodes * gpus_per_node > MAX_DENSE_VIEW_GPUS:  # the same links, no GPU matrix
+        links: dict = {"fabric": node_matrix_fabric(
+            node_bandwidth, intra_node, gpus_per_node, intra_node_latency_s=intra_node_latency_s,
+            inter_node_latency_s=inter_node_latency_s)}  # fmt: skip
+    else:
+        links = {"bandwidth_bytes_per_s": expand_node_matrix(node_bandwidth, intra_node,
+                                                             gpus_per_node)}  # fmt: skip
     return validate_spec(
         ClusterSpec,
         {
@@ -61,7 +118,7 @@ def cluster_from_node_matrix(
             "node_groups": node_groups,
             "nics_per_node": nics_per_node,
             "nic_bandwidth_bytes_per_s": nic_bandwidth_bytes_per_s,
-            "bandwidth_bytes_per_s": expand_node_matrix(node_bandwidth, intra_node, gpus_per_node),
+            **links,
             "intra_node_latency_s": intra_node_latency_s,
             "inter_node_latency_s": inter_node_latency_s,
             "source": source,

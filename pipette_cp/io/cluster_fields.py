@@ -106,6 +106,21 @@ def expand_gpu_matrix(
 ) -> np.ndarray:
     """The GPU x GPU matrix of the node matrix ``node`` with each node's intra-node
     bandwidth (``intra_node_bandwidth_gb_per_s``, else its GPU's NVLink)."""
+    intra = intra_node_bandwidth(data, gpus, g, where)
+    if isinstance(intra, np.ndarray):
+        return expand_node_matrix(node, intra, g)
+    matrix = expand_node_matrix(node, intra[0], g)
+    for k, intra_k in enumerate(intra):
+        block = matrix[k * g : (k + 1) * g, k * g : (k + 1) * g]
+        block[~np.eye(g, dtype=bool)] = intra_k
+    return matrix
+
+
+def intra_node_bandwidth(
+    data: dict, gpus: list[GpuSpec], g: int, where: str
+) -> np.ndarray | list[float]:
+    """Bytes/s inside a node: the G x G matrix a file gives, or one value per node
+    (``intra_node_bandwidth_gb_per_s``, else each node's GPU's NVLink)."""
     key = "intra_node_bandwidth_gb_per_s"
     raw = data.get(key)
     if isinstance(raw, list):
@@ -116,18 +131,14 @@ def expand_gpu_matrix(
                 f"{intra.shape[0]}x{intra.shape[0]}",
                 f"expected a scalar or {g} x {g}",
             )
-        return expand_node_matrix(node, intra, g)
+        return intra
     value = number(data, key, where)
     if value:
         link_range(value, f"{where}.{key}", pair=False)
     per_node = [value * GB if value is not None else s.nvlink_bandwidth_bytes_per_s for s in gpus]
     if g > 1 and min(per_node) <= 0:
         raise SpecError(f"{where}.{key}", raw, "needed (a GPU type without NVLink)")
-    matrix = expand_node_matrix(node, per_node[0], g)
-    for k, intra_k in enumerate(per_node):
-        block = matrix[k * g : (k + 1) * g, k * g : (k + 1) * g]
-        block[~np.eye(g, dtype=bool)] = intra_k
-    return matrix
+    return per_node
 
 
 def same_node(n: int, g: int) -> np.ndarray:

@@ -43,8 +43,9 @@ from typing import Any
 import numpy as np
 import yaml
 
+from pipette_cp.clusters.expand import node_matrix_fabric
 from pipette_cp.errors import InputFileError, SpecError
-from pipette_cp.io.cluster_fields import bandwidth_rows, require_size
+from pipette_cp.io.cluster_fields import bandwidth_rows, intra_node_bandwidth, require_size
 from pipette_cp.io.cluster_fields import default_names as _default_names
 from pipette_cp.io.cluster_fields import expand_gpu_matrix as _expand
 from pipette_cp.io.cluster_fields import link_range as _link_range
@@ -63,6 +64,7 @@ from pipette_cp.io.files import read_mapping
 from pipette_cp.specs._base import validate_spec
 from pipette_cp.specs.cluster import MAX_GPUS_PER_NODE, MAX_LATENCY_S, ClusterSpec, nodes_per_domain
 from pipette_cp.specs.gpu import GPU_CATALOG, GpuSpec
+from pipette_cp.specs.hierarchy import MAX_DENSE_VIEW_GPUS
 from pipette_cp.units import GB, US
 
 FORMAT = "pipette-cp-cluster/1"
@@ -166,6 +168,12 @@ def cluster_from_mapping(
     if given[0] == "fabric":
         fabric = fabric_from_mapping(data, where, num_nodes=n, gpus_per_node=g, base_dir=base_dir,
                                      nvlink_bytes_per_s=gpus[0].nvlink_bandwidth_bytes_per_s)  # fmt: skip
+    elif n * g > MAX_DENSE_VIEW_GPUS:  # the same links as a fabric: no GPU matrix
+        fabric = node_matrix_fabric(
+            node_matrix, intra_node_bandwidth(data, gpus, g, where), g,
+            intra_node_latency_s=_latency_s(data, "intra_node_latency_us", where, 5e-6),
+            inter_node_latency_s=_latency_s(data, "inter_node_latency_us", where, 10e-6),
+        )  # fmt: skip
     elif given[0] != "gpu_bandwidth_gb_per_s":
         gpu_matrix = _expand(node_matrix, data, gpus, g, where)
     nics = data.get("nics_per_node", g)
@@ -208,6 +216,12 @@ def cluster_from_mapping(
                 raise SpecError(f"{where}.{key}_us", value, f"above {MAX_LATENCY_S / US:g} us")
             fields[f"{key}_s"] = value / (1 / US)  # us -> s; keeps 5 us == 5e-6 exactly
     return validate_spec(ClusterSpec, fields, where)
+
+
+def _latency_s(data: dict[str, Any], key: str, where: str, default_s: float) -> float:
+    """A latency field in seconds (its default when absent; checked again below)."""
+    value = _number(data, key, where)
+    return default_s if value is None else min(value / (1 / US), MAX_LATENCY_S)
 
 
 def read_cluster_file(path: str | Path) -> ClusterSpec:

@@ -110,6 +110,8 @@ def read_plan_document(data: Any, where: str = "plan") -> Plan:
         if unknown:
             raise SpecError(f"{where}.{unknown[0]}", data[unknown[0]], "unknown plan file key")
         fields = {f: data[f] for f in _PLAN_FIELDS if f in data}
+        if fields.get("dp_shard_size") is not None and fields["dp_shard_size"] == fields.get("dp"):
+            fields["dp_shard_size"] = None  # reported as it takes effect: over all dp ranks
         if "iteration_time_s" in data:
             fields["evaluation"] = _evaluation(data, where)
         return Plan.model_validate(fields)

@@ -97,3 +97,29 @@ def test_an_aborted_runner_is_not_waited_for(monkeypatch: pytest.MonkeyPatch) ->
     runner.close(abort=True)
     monkeypatch.setattr(runner._pool, "shutdown", lambda **_: pytest.fail("waited"))
     runner.close()  # the search's own close after an interrupted phase closed it
+
+
+#: A stop that arrives inside a finaliser (as inside a fork handler): Python can only
+#: print it as "Exception ignored"; the command raises it again in the main thread.
+LOST_STOP = """
+import os, signal, time
+from pipette_cp.cli.app import interrupt_on_stop_signals
+interrupt_on_stop_signals()
+class Finalised:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)  # the handler raises here, inside __del__
+try:
+    Finalised()
+    time.sleep(30)
+    print("not stopped", flush=True)
+except KeyboardInterrupt:
+    print("stopped", flush=True)
+"""
+
+
+def test_a_stop_lost_in_a_finaliser_is_raised_again() -> None:
+    run = subprocess.run([sys.executable, "-c", LOST_STOP], capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    assert run.stdout.strip() == "stopped", (run.stdout, run.stderr)
+    assert "Traceback" not in run.stderr and "Exception ignored" not in run.stderr

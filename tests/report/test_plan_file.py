@@ -10,11 +10,13 @@ import random
 import pytest
 
 from pipette_cp.cost.evaluator.evaluate import Evaluator
+from pipette_cp.cost.evaluator.layout_rules import validate_layout
 from pipette_cp.errors import InfeasibleError, SpecError
 from pipette_cp.io.instance_file import instance_from_mapping, load_instance
 from pipette_cp.report.plan_file import DOCUMENT_KEYS, FORMAT, plan_document, read_plan_document
 from pipette_cp.report.plans import plans_json
 from pipette_cp.search.space import enumerate_layouts
+from pipette_cp.specs.layouts import make_plan
 
 #: a mixture-of-experts model on a healthy cluster (every default placement works)
 MOE = {"name": "qwen3-moe-h100-256", "model": "qwen3-235b-a22b",
@@ -89,3 +91,19 @@ def test_a_document_without_its_evaluation_keys_is_refused() -> None:
     del doc["memory_limit_gb"]
     with pytest.raises(SpecError, match="memory_limit_gb"):
         read_plan_document(doc)
+
+
+@pytest.mark.parametrize("sharding", [None, "none", "optim", "optim_grads_params"])
+def test_sharding_as_it_takes_effect_reads_back(sharding: str | None) -> None:
+    """The document reports dp_sharding and dp_shard_size as they take effect (the shard
+    group is every dp rank when the plan names none): that reads back as the plan."""
+    instance = load_instance("gpt3-2.7b-g1-64")
+    plan = make_plan(num_layers=instance.model.num_layers, dp=16, pp=1, tp=4, micro_batch_size=1,
+                     **({} if sharding is None else {"dp_sharding": sharding}))  # fmt: skip
+    plan = plan.model_copy(update={"evaluation": Evaluator(instance).evaluate(plan)})
+    document = plan_document(plan)
+    assert document["dp_shard_size"] == 16
+    again = read_plan_document(json.loads(json.dumps(document)))
+    assert again.layout() == plan.layout() and again.sharding == plan.sharding
+    assert again.shard_group == plan.shard_group
+    validate_layout(instance, again)  # the rules export and plot apply to a loaded plan
