@@ -1,7 +1,8 @@
 """Build a GPU-level :class:`ClusterSpec` from node-level measurements.
 
-Up to :data:`~pipette_cp.specs.hierarchy.MAX_DENSE_VIEW_GPUS` GPUs the node matrix is
-expanded to the GPU x GPU matrix; beyond, it is held exactly as a fabric
+Up to :data:`~pipette_cp.specs.hierarchy.MAX_DENSE_VIEW_GPUS` GPUs (and where NVLink
+domains span several nodes) the node matrix is expanded to the GPU x GPU matrix;
+beyond, it is held exactly as a fabric
 (:func:`node_matrix_fabric`: one level over every node plus an exception for each pair
 off that level), so a 16,384-GPU cluster never builds its 2 GB GPU matrix.
 """
@@ -99,7 +100,8 @@ def cluster_from_node_matrix(
     (``nodes_per_nvlink_domain``: consecutive nodes of one NVLink domain)."""
     num_nodes = int(node_bandwidth.shape[0])
     width = max(3, len(str(num_nodes - 1)))
-    if num_nodes * gpus_per_node > MAX_DENSE_VIEW_GPUS:  # the same links, no GPU matrix
+    # the same links without the GPU matrix (a fabric's NVLink domain is one node)
+    if num_nodes * gpus_per_node > MAX_DENSE_VIEW_GPUS and nodes_per_nvlink_domain == 1:
         links: dict = {"fabric": node_matrix_fabric(
             node_bandwidth, intra_node, gpus_per_node, intra_node_latency_s=intra_node_latency_s,
             inter_node_latency_s=inter_node_latency_s)}  # fmt: skip

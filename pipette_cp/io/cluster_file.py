@@ -168,7 +168,7 @@ def cluster_from_mapping(
     if given[0] == "fabric":
         fabric = fabric_from_mapping(data, where, num_nodes=n, gpus_per_node=g, base_dir=base_dir,
                                      nvlink_bytes_per_s=gpus[0].nvlink_bandwidth_bytes_per_s)  # fmt: skip
-    elif n * g > MAX_DENSE_VIEW_GPUS:  # the same links as a fabric: no GPU matrix
+    elif n * g > MAX_DENSE_VIEW_GPUS and _one_node_domains(data):  # as a fabric: no GPU matrix
         fabric = node_matrix_fabric(
             node_matrix, intra_node_bandwidth(data, gpus, g, where), g,
             intra_node_latency_s=_latency_s(data, "intra_node_latency_us", where, 5e-6),
@@ -216,6 +216,12 @@ def cluster_from_mapping(
                 raise SpecError(f"{where}.{key}_us", value, f"above {MAX_LATENCY_S / US:g} us")
             fields[f"{key}_s"] = value / (1 / US)  # us -> s; keeps 5 us == 5e-6 exactly
     return validate_spec(ClusterSpec, fields, where)
+
+
+def _one_node_domains(data: dict[str, Any]) -> bool:
+    """Whether every NVLink domain is one node (a fabric's), as far as the file says."""
+    per = data.get("nodes_per_nvlink_domain")
+    return data.get("nvlink_domains") is None and (per is None or per == 1)
 
 
 def _latency_s(data: dict[str, Any], key: str, where: str, default_s: float) -> float:

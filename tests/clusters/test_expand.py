@@ -74,3 +74,13 @@ def test_a_node_matrix_file_beyond_the_limit_reads_as_a_fabric(monkeypatch) -> N
     assert tree.nic_bandwidth_bytes_per_s == dense.nic_bandwidth_bytes_per_s
     assert (tree.intra_node_latency_s, tree.inter_node_latency_s) == (
         dense.intra_node_latency_s, dense.inter_node_latency_s)  # fmt: skip
+
+
+def test_nvlink_domains_of_several_nodes_stay_dense(monkeypatch) -> None:
+    """A fabric's NVLink domain is one node: a rack-scale cluster keeps its matrix."""
+    monkeypatch.setattr(expand, "MAX_DENSE_VIEW_GPUS", 16)
+    rack = generate("gb200-nvl72", nodes=18, seed=0)
+    assert rack.nodes_per_nvlink_domain == 18 and rack.fabric is None
+    fields = cluster_to_mapping(rack)
+    monkeypatch.setattr(cluster_file, "MAX_DENSE_VIEW_GPUS", 16)
+    assert cluster_from_mapping(fields).fabric is None
