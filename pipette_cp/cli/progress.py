@@ -70,7 +70,7 @@ class LineProgress:
     def on_best(self, plan: Plan, gap: float | None) -> None:
         """A new best plan, its gap to the search's lower bound and the time left."""
         assert plan.evaluation is not None
-        shown = "gap unknown" if gap is None else f"gap to the lower bound {100 * gap:.1f} %"
+        shown = "search gap unknown" if gap is None else f"search gap {100 * gap:.1f} %"
         self._say(f"best: {plan.layout()} {plan.evaluation.iteration_time_s:.4f} s "
                   f"({shown}){self._left()}")  # fmt: skip
 
@@ -120,7 +120,7 @@ def solve_progress(
 
         def on_best(plan: Plan, gap: float | None) -> None:
             assert plan.evaluation is not None
-            shown = "gap unknown" if gap is None else f"gap {100 * gap:.1f} %"
+            shown = "search gap unknown" if gap is None else f"search gap {100 * gap:.1f} %"
             line = f"best: {plan.layout()} {plan.evaluation.iteration_time_s:.4f} s ({shown})"
             bar.update(best, description=f"{line}, {left()}", line=line, visible=True)
 

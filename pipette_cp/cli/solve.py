@@ -41,7 +41,7 @@ from pipette_cp.cli.robust import QuantileOption, SnapshotsOption, solve_robust
 from pipette_cp.errors import SpecError
 from pipette_cp.io.instance_file import DEFAULT_INSTANCE
 from pipette_cp.report.plan_file import plan_document
-from pipette_cp.report.plans import GAP_LEGEND, plans_json, plans_table
+from pipette_cp.report.plans import GAP_LEGEND, plans_json, plans_table, search_gap_text
 from pipette_cp.report.summary import plan_summary
 from pipette_cp.search.loop import default_time_limit_s
 from pipette_cp.search.options import SearchOptions
@@ -183,6 +183,7 @@ def solve(
     console.print(plans_table(plans, f"Top plans for {inst.name} ({method})", console.width))
     console.print(GAP_LEGEND, style="dim", highlight=False)
     best = plans[0]
+    console.print(search_gap_text(best, s.skipped_budget), highlight=False)
     steps = inst.training.global_batch_size // (best.dp * best.micro_batch_size)
     console.print(
         f"{s.layouts} layouts: {s.invalid} invalid, {s.pruned_memory} never fit, {s.scored} scored, "

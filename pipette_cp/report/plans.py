@@ -41,7 +41,7 @@ def plans_table(plans: list[Plan], title: str = "Top plans", width: int | None =
     columns = [
         ("#", "right"), ("layout", "left"), ("GPUs", "right"), ("split", "left"), ("iter s", "right"),
         ("tokens/s", "right"), ("MFU", "right"), ("mem GB", "right"), ("margin", "right"),
-        ("gap", "right"),
+        ("proof", "right"),
     ]  # fmt: skip
     keep = [not (narrow and name in wide) for name, _ in columns]
     for (col, justify), kept in zip(columns, keep, strict=True):
@@ -77,13 +77,26 @@ def _gap(plan: Plan) -> str:
     return "-" if info.gap is None else f"{info.gap:.1%}"
 
 
-#: What the gap column says (printed under the table).
+#: What the proof column says (printed under the table).
 GAP_LEGEND = (
-    "gap: opt = the placement is proven optimal for its layout and layer split under the "
-    "analytic model; x % = proven within x % of the best placement; - = no valid bound "
-    "(the two-level all-reduce or mixed GPU types lie outside the master model); "
+    "proof (of the placement, for its layout and layer split, under the analytic model): "
+    "opt = proven optimal; x % = proven within x % of the best placement; - = no valid "
+    "bound (the two-level all-reduce or mixed GPU types lie outside the master model); "
     "heur = a heuristic plan"
 )
+
+
+def search_gap_text(plan: Plan, unbounded: int) -> str:
+    """The best plan's search gap in words (the same words as the progress lines):
+    against the lower bound over every layout, or why there is none, and whether more
+    time may help."""
+    gap = plan.solve_info.search_gap if plan.solve_info else None
+    if gap is None:
+        why = (f"{unbounded} layouts were not bounded in time" if unbounded
+               else "the plan comes from no search's bound")  # fmt: skip
+        return f"search gap unknown: {why} (a longer --time-limit bounds them)"
+    hint = "; a longer --time-limit may find a faster plan" if gap > 0.05 else ""
+    return f"search gap {gap:.1%}: the best plan over the lower bound of every layout{hint}"
 
 
 def plans_json(plans: list[Plan]) -> list[dict[str, Any]]:

@@ -108,13 +108,15 @@ def _memory(by_stage: tuple[float, ...], limit: float) -> str:
 
 
 def _gap(plan: Plan) -> str:
-    """What the gap is and what it is measured against."""
+    """The search gap (against the lower bound of every layout) and the placement's proof."""
     info = plan.solve_info
+    search = "unknown" if info is None or info.search_gap is None else f"{info.search_gap:.1%}"
     if info is None or info.status == "heuristic":
-        return "none: a heuristic plan, no lower bound"
-    if info.status == "optimal":
-        return ("0: the placement is proven optimal for its layout and layer split (the "
-                "gap to the placement master's lower bound)")  # fmt: skip
-    if info.gap is None:
-        return "unknown: no valid lower bound for this layout's placement"
-    return f"{info.gap:.1%} to the placement master's lower bound for this layout and split"
+        proof = "a heuristic plan, no placement bound"
+    elif info.status == "optimal":
+        proof = "proven optimal for its layout and layer split"
+    elif info.gap is None:
+        proof = "no valid lower bound for this layout"
+    else:
+        proof = f"within {info.gap:.1%} of the best for its layout and layer split"
+    return f"search gap {search} (over the lower bound of every layout); placement {proof}"

@@ -350,8 +350,18 @@ def _run(
         total, seconds = plan.num_gpus, plan_time(plan)
         stats.best_by_gpus[total] = min(seconds, stats.best_by_gpus.get(total, math.inf))
     ranked = rerank(evaluator, plans, top_k, notify, until=end, weight=weight)
+    if stats.lower_bound is not None:
+        ranked = [_with_search_gap(p, plan_time(p) * weight(p), stats.lower_bound) for p in ranked]
     stats.wall_time_s = time.perf_counter() - start
     return SearchResult(ranked, stats)
+
+
+def _with_search_gap(plan: Plan, cost: float, low: float) -> Plan:
+    """``plan`` with its gap to the search's lower bound in its solver report."""
+    if plan.solve_info is None or cost <= 0:
+        return plan
+    info = plan.solve_info.model_copy(update={"search_gap": max(cost - low, 0.0) / cost})
+    return plan.model_copy(update={"solve_info": info})
 
 
 def _quiet(phase: str, done: int, total: int) -> None:

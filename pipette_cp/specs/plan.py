@@ -143,8 +143,12 @@ class SolveInfo(FrozenSpec):
     status: str = Field(description="optimal, feasible, infeasible, timeout, heuristic.")
     objective: float | None = Field(default=None, description="Solver objective value, s.")
     bound: float | None = Field(default=None, description="Best proven lower bound, s.")
-    gap: float | None = Field(default=None, ge=0, description="(objective - bound) / objective.")
+    gap: float | None = Field(default=None, ge=0, description="(objective - bound) / objective: "
+                              "the placement's, for its layout and layer split.")  # fmt: skip
     wall_time_s: float = Field(default=0.0, ge=0, description="Solver wall time, s.")
+    search_gap: float | None = Field(
+        default=None, ge=0, description="(objective - the search's lower bound over every "
+        "layout) / objective; None: the search left layouts unbounded (or no search).")  # fmt: skip
 
 
 #: ids of placements built once and shared by many plans (:func:`share_placement`)

@@ -90,3 +90,16 @@ def test_nothing_fits_names_the_deficit() -> None:
             instance,
             SearchOptions(method="megatron-default", space=SPACE.model_copy(update={"tp": (1,)})),
         )
+
+
+def test_every_plan_reports_its_gap_to_the_searchs_lower_bound() -> None:
+    """Once every layout is bounded, each returned plan's solver report carries its gap to
+    the least bound of any layout: (time - bound) / time, never negative."""
+    inst = small_instance(nodes=2, gpus_per_node=4)
+    result = search(inst, SearchOptions(time_limit_s=30, top_k=3, deterministic=True))
+    low = result.stats.lower_bound
+    assert low is not None and result.plans
+    for plan in result.plans:
+        time_s = plan.evaluation.iteration_time_s
+        assert plan.solve_info.search_gap == pytest.approx(max(time_s - low, 0.0) / time_s)
+    assert result.plans[0].solve_info.search_gap <= result.plans[-1].solve_info.search_gap
