@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipette_cp.errors import SolverTimeoutError
+
 #: Hairs drawn before :func:`supporting_cut` gives up.
 HAIR_DRAWS = 6
 
@@ -51,6 +53,7 @@ def supporting_cut(
     rng: np.random.Generator | None = None,
     relative_step: float = 1e-6,
     slack: float = 1e-9,
+    expired: Callable[[], bool] | None = None,
 ) -> Cut:
     """A hyperplane supporting the convex piecewise-linear ``f`` at ``x``: the gradient
     of a piece active at ``x``, which under-estimates ``f`` everywhere.
@@ -73,6 +76,9 @@ def supporting_cut(
     ValueError
         No hair among :data:`HAIR_DRAWS` gives agreeing quotients (``f`` is not
         piecewise linear at this scale).
+    SolverTimeoutError
+        ``expired()`` turned true between two coordinates (one cut costs two values of
+        ``f`` a coordinate, minutes where ``f`` prices thousands of GPUs).
 
     Examples
     --------
@@ -91,7 +97,7 @@ def supporting_cut(
     hair = relative_step * max(float(np.abs(x).max(initial=0.0)), 1e-12)
     for _ in range(HAIR_DRAWS):
         base = x + rng.uniform(0.5, 1.0, size=x.shape) * hair
-        found = _gradient(f, base, hair)
+        found = _gradient(f, base, hair, expired)
         if found is not None:
             gradient, f_base, errors = found
             intercept = f_base - float(gradient @ base) - float(errors.sum()) * hair
@@ -100,8 +106,9 @@ def supporting_cut(
 
 
 def _gradient(
-    f: Callable[[np.ndarray], float], base: np.ndarray, hair: float
-) -> tuple[np.ndarray, float, np.ndarray] | None:
+    f: Callable[[np.ndarray], float], base: np.ndarray, hair: float,
+    expired: Callable[[], bool] | None = None,
+) -> tuple[np.ndarray, float, np.ndarray] | None:  # fmt: skip
     """``(gradient, f(base), each slope's rounding bound)`` where every axis through
     ``base`` is linear over the step, else None.  Steps start at 1/64 of the hair and
     shrink where the quotients disagree."""
@@ -110,6 +117,8 @@ def _gradient(
     gradient = np.empty_like(base)
     errors = np.zeros_like(base)
     for i in range(base.size):
+        if expired is not None and expired():
+            raise SolverTimeoutError("the time limit ran out while building a cut")
         step = hair / 64
         while step >= hair / 4096:
             moved = base.copy()

@@ -13,7 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pipette_cp.clusters.generators.registry import generate
-from pipette_cp.errors import InfeasibleError
+from pipette_cp.errors import InfeasibleError, SolverTimeoutError
 from pipette_cp.io.model_file import load_model
 from pipette_cp.solvers.cuts import supporting_cut
 from pipette_cp.solvers.methods import exact_placement
@@ -128,3 +128,18 @@ def test_where_no_supporting_cut_is_found_the_flat_floor_still_holds(monkeypatch
     pool = CutPool(data, upper_s=float(times.max()))
     intercept, gradient = pool.add_at(xs[0])
     assert not gradient.any() and 0 < intercept <= times.min()
+
+
+def test_a_cut_stops_when_its_time_runs_out() -> None:
+    """Building one cut prices f twice a coordinate: minutes on thousands of GPUs, so it
+    checks the deadline between coordinates (a 60 s search ran past 5 minutes)."""
+    calls = []
+
+    def f(v: np.ndarray) -> float:
+        calls.append(1)
+        return float(v.sum())
+
+    with pytest.raises(SolverTimeoutError):
+        supporting_cut(f, np.ones(50), expired=lambda: len(calls) > 10)
+    assert len(calls) <= 13  # stopped at the next coordinate, not after all 50
+    assert supporting_cut(f, np.ones(3), expired=lambda: False)(np.zeros(3)) <= 1e-6

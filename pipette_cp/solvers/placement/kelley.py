@@ -17,6 +17,7 @@ classes is computed here, and each family adds its own (``lower``, ``floor``, ``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -49,6 +50,8 @@ class CutPool:
 
     data: PlacementData
     upper_s: float
+    #: on the work clock: a cut being built past it raises SolverTimeoutError
+    deadline: float = math.inf
     cuts: list[tuple[float, np.ndarray]] = field(default_factory=list)
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
     _worst: np.ndarray | None = field(default=None, repr=False)
@@ -57,7 +60,8 @@ class CutPool:
         """Add (and return) the snapped supporting cut of ``f`` at ``x``."""
         work.spend(work.POOL_CUT_TICKS)
         try:
-            cut = supporting_cut(self.data.total_time_s, x, rng=self.rng)
+            cut = supporting_cut(self.data.total_time_s, x, rng=self.rng,
+                                 expired=lambda: work.now() > self.deadline)  # fmt: skip
             intercept, g = cut.intercept, cut.gradient.copy()
         except ValueError:  # no agreeing quotients near x: the flat cut at the floor,
             # valid because f is non-decreasing and every placement's inputs lie above it

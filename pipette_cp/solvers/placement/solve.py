@@ -302,7 +302,7 @@ def _placement(instance: Instance, plan: Plan, options: SolveOptions, backend: s
     best_value, best = seeds[0] if seeds else (float("inf"), None)
     lx = lower_x(data)
     upper = best_value if seeds else data.total_time_s(worst_x(data))
-    pool = CutPool(data, upper_s=upper)
+    pool = CutPool(data, upper_s=upper, deadline=end)
     pool.add_at(lx)
     for _, assign in seeds[:SEED_CUTS]:
         x = data.x_of(assign)
