@@ -55,7 +55,7 @@ class Degrees:
 
 #: Context parallelism is tried by default from this sequence length on, keeping at
 #: least :data:`MIN_CP_TOKENS` tokens per GPU (shorter chunks leave the ring exposed).
-CP_FROM_SEQ_LENGTH = 16384
+CP_FROM_SEQ_LENGTH = 8192
 MIN_CP_TOKENS = 4096
 
 

@@ -41,7 +41,7 @@ class SearchSpace(FrozenSpec):
         default=(1, 2, 4, 8), description="Micro-batch sizes, sequences."
     )
     vpp: tuple[int, ...] = Field(
-        default=(1, 2, 4),
+        default=(1, 2, 4, 8),
         description="Model chunks per pipeline stage (1 = plain 1F1B, >1 = interleaved 1F1B).",
     )
     sequence_parallel: tuple[bool, ...] = Field(

@@ -302,25 +302,29 @@ def _placement(instance: Instance, plan: Plan, options: SolveOptions, backend: s
     best_value, best = seeds[0] if seeds else (float("inf"), None)
     lx = lower_x(data)
     upper = best_value if seeds else data.total_time_s(worst_x(data))
+    bound = data.total_time_s(lx)  # no placement's inputs lie below lx: a floor of all
     pool = CutPool(data, upper_s=upper, deadline=end)
-    pool.add_at(lx)
-    for _, assign in seeds[:SEED_CUTS]:
-        x = data.x_of(assign)
-        pool.add_at(x)
-        pool.add_at(lx + 0.5 * (x - lx))
-    bound = data.total_time_s(lx)
     # the MILP master on the engine of the options (milp_solver)
     make = partial(MilpBackend, options.milp_solver) if backend == "milp" else BACKENDS[backend]
     full = [np.flatnonzero(data.allowed[data.stage_of(u)]) for u in range(data.num_units)]
-    if exact or best is None:  # no seed: only the full master can find (or refute) one
-        res = kelley(data, make, domains=full, start=best, pool=pool, deadline=deadline,
-                     workers=options.workers, seed=options.seed, symmetry=True, bound_s=bound)  # fmt: skip
-        best, best_value, bound = res.assign, res.value_s, max(bound, res.bound_s)
-    if not exact:
-        bound = max(bound, data.total_time_s(bounds(pool, best_value)[0]))
-        best, best_value, _ = lns(data, best, pool, make, deadline=deadline, seed=options.seed,
-                                  workers=options.workers, bound_s=bound)  # fmt: skip
-        bound = max(bound, data.total_time_s(bounds(pool, best_value)[0]))
+    try:
+        pool.add_at(lx)
+        for _, assign in seeds[:SEED_CUTS]:
+            x = data.x_of(assign)
+            pool.add_at(x)
+            pool.add_at(lx + 0.5 * (x - lx))
+        if exact or best is None:  # no seed: only the full master can find (or refute) one
+            res = kelley(data, make, domains=full, start=best, pool=pool, deadline=deadline,
+                         workers=options.workers, seed=options.seed, symmetry=True, bound_s=bound)  # fmt: skip
+            best, best_value, bound = res.assign, res.value_s, max(bound, res.bound_s)
+        if not exact:
+            bound = max(bound, data.total_time_s(bounds(pool, best_value)[0]))
+            best, best_value, _ = lns(data, best, pool, make, deadline=deadline, seed=options.seed,
+                                      workers=options.workers, bound_s=bound)  # fmt: skip
+            bound = max(bound, data.total_time_s(bounds(pool, best_value)[0]))
+    except SolverTimeoutError:  # the time ran out building a cut: the best placement so far
+        if best is None:
+            raise
     scorer = Evaluator(instance, dp_algorithm=dp_algorithm)
     # the master is exact for ring all-reduce, and its compute classes for one GPU type;
     # where the two-level all-reduce may win, the bound is the analytic floor of both
