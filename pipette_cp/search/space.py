@@ -224,7 +224,8 @@ def enumerate_layouts(instance: Instance, space: SearchSpace | None = None) -> I
     for d in degrees(instance, space):
         layout.update(dp=d.dp, pp=d.pp, tp=d.tp, cp=d.cp, ep=d.ep, etp=d.etp)
         placement = megatron_placement(d.dp * d.cp, d.pp, d.tp)
-        splits = {v: even_split(layers, d.pp, v) for v in space.vpp}
+        # a chunk holds a layer at least: no split of more chunks than layers is built
+        splits = {v: even_split(layers, d.pp, v) for v in space.vpp if d.pp * v <= layers}
         for chosen in _choose(job, layout):
             yield Plan(**chosen, layer_split=splits[chosen["vpp"]], placement=placement)
 

@@ -8,8 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipette_cp.errors import SpecError
+from pipette_cp.io.instance_file import load_instance
 from pipette_cp.io.model_file import load_model, model_from_mapping
-from pipette_cp.search.space import divisors
+from pipette_cp.search.space import divisors, enumerate_layouts
+from pipette_cp.specs import SearchSpace
 from pipette_cp.specs.model_fields import MAX_LAYERS
 from pipette_cp.specs.model_moe import MAX_EXPERTS
 
@@ -35,3 +37,10 @@ def test_a_huge_count_is_refused_naming_the_field(field: str, value: int, limit:
         model_from_mapping(fields)
     assert str(info.value).startswith(f"model.{field}={value}")
     assert f"{limit}" in str(info.value).replace(",", "")
+
+
+def test_an_absurd_chunk_count_builds_no_split() -> None:
+    """vpp = 10^30 (a command line can say it): no layout, no split of 10^30 chunks."""
+    instance = load_instance("gpt3-1.3b-nominal-8")
+    assert list(enumerate_layouts(instance, SearchSpace(vpp=(10**30,)))) == []
+    assert list(enumerate_layouts(instance, SearchSpace(vpp=(1, 10**30), pp=(2,), tp=(1,))))
