@@ -81,7 +81,9 @@ def expert_sizes(instance: Instance, space: SearchSpace, tp: int) -> list[tuple[
     if not model.is_moe:
         return [(1, None)]
     # an expert group is no larger than the job
-    eps = space.ep if space.ep is not None else divisors(model.num_experts, instance.cluster.num_gpus)
+    eps = (
+        space.ep if space.ep is not None else divisors(model.num_experts, instance.cluster.num_gpus)
+    )
     etps = space.etp if space.etp is not None else sorted({tp, 1})
     return [
         (e, None if t == tp else t)

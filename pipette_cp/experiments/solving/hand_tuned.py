@@ -62,15 +62,15 @@ def hand_tuned(instance: Instance, sizes: dict[str, int]) -> tuple[Plan | None, 
     rank order, and how many were priced."""
     space = instance.search_space.model_copy(update={key: (value,) for key, value in sizes.items()})
     evaluator = Evaluator(instance, validate=False)
-    best, count = None, 0
+    best, best_s, count = None, math.inf, 0
     for plan in enumerate_layouts(instance, space):
         try:
             evaluation = evaluator.evaluate(plan)
         except PipetteError:
             continue
         count += 1
-        if evaluation.fits and (best is None or evaluation.iteration_time_s
-                                < best.evaluation.iteration_time_s):  # fmt: skip
+        if evaluation.fits and evaluation.iteration_time_s < best_s:
+            best_s = evaluation.iteration_time_s
             best = plan.model_copy(update={"evaluation": evaluation})
     return best, count
 
