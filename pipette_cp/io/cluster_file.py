@@ -168,7 +168,11 @@ def cluster_from_mapping(
     if given[0] == "fabric":
         fabric = fabric_from_mapping(data, where, num_nodes=n, gpus_per_node=g, base_dir=base_dir,
                                      nvlink_bytes_per_s=gpus[0].nvlink_bandwidth_bytes_per_s)  # fmt: skip
-    elif n * g > MAX_DENSE_VIEW_GPUS and _one_node_domains(data):  # as a fabric: no GPU matrix
+    elif (
+        given[0] != "gpu_bandwidth_gb_per_s"
+        and n * g > MAX_DENSE_VIEW_GPUS
+        and _one_node_domains(data)
+    ):  # a node matrix as a fabric: no GPU matrix built
         fabric = node_matrix_fabric(
             node_matrix, intra_node_bandwidth(data, gpus, g, where), g,
             intra_node_latency_s=_latency_s(data, "intra_node_latency_us", where, 5e-6),

@@ -84,3 +84,15 @@ def test_nvlink_domains_of_several_nodes_stay_dense(monkeypatch) -> None:
     fields = cluster_to_mapping(rack)
     monkeypatch.setattr(cluster_file, "MAX_DENSE_VIEW_GPUS", 16)
     assert cluster_from_mapping(fields).fabric is None
+
+
+def test_a_gpu_matrix_file_stays_a_matrix(monkeypatch) -> None:
+    """Only a node matrix becomes a fabric: a GPU x GPU matrix is read as it is."""
+    fields = cluster_to_mapping(generate("healthy-a100", nodes=3, seed=1))
+    node = fields.pop("node_bandwidth_gb_per_s")
+    dense = cluster_from_mapping({**fields, "node_bandwidth_gb_per_s": node})
+    gpu_rows = [[None if x == 0 else x / GB for x in row] for row in dense.bandwidth_bytes_per_s]
+    monkeypatch.setattr(cluster_file, "MAX_DENSE_VIEW_GPUS", 16)
+    again = cluster_from_mapping({**fields, "gpu_bandwidth_gb_per_s": gpu_rows})
+    assert again.fabric is None
+    assert np.allclose(again.bandwidth_bytes_per_s, dense.bandwidth_bytes_per_s)
