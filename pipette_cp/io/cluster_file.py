@@ -59,6 +59,7 @@ from pipette_cp.io.fabric_file import (
     fabric_from_mapping,
     fabric_num_nodes,
     fabric_to_mapping,
+    read_latency_s,
 )
 from pipette_cp.io.files import read_mapping
 from pipette_cp.specs._base import validate_spec
@@ -175,8 +176,8 @@ def cluster_from_mapping(
     ):  # a node matrix as a fabric: no GPU matrix built
         fabric = node_matrix_fabric(
             node_matrix, intra_node_bandwidth(data, gpus, g, where), g,
-            intra_node_latency_s=_latency_s(data, "intra_node_latency_us", where, 5e-6),
-            inter_node_latency_s=_latency_s(data, "inter_node_latency_us", where, 10e-6),
+            intra_node_latency_s=read_latency_s(data, "intra_node_latency_us", where, 5e-6),
+            inter_node_latency_s=read_latency_s(data, "inter_node_latency_us", where, 10e-6),
         )  # fmt: skip
     elif given[0] != "gpu_bandwidth_gb_per_s":
         gpu_matrix = _expand(node_matrix, data, gpus, g, where)
@@ -226,12 +227,6 @@ def _one_node_domains(data: dict[str, Any]) -> bool:
     """Whether every NVLink domain is one node (a fabric's), as far as the file says."""
     per = data.get("nodes_per_nvlink_domain")
     return data.get("nvlink_domains") is None and (per is None or per == 1)
-
-
-def _latency_s(data: dict[str, Any], key: str, where: str, default_s: float) -> float:
-    """A latency field in seconds (its default when absent; checked again below)."""
-    value = _number(data, key, where)
-    return default_s if value is None else min(value / (1 / US), MAX_LATENCY_S)
 
 
 def read_cluster_file(path: str | Path) -> ClusterSpec:

@@ -119,8 +119,8 @@ def fabric_from_mapping(
         raise SpecError(f"{where}.intra_node_bandwidth_gb_per_s",
                         data["intra_node_bandwidth_gb_per_s"],
                         "a fabric gives fabric.nvlink_bandwidth_gb_per_s instead")  # fmt: skip
-    intra_s = _latency(data, "intra_node_latency_us", where, 5e-6)
-    inter_s = _latency(data, "inter_node_latency_us", where, 10e-6)
+    intra_s = read_latency_s(data, "intra_node_latency_us", where, 5e-6)
+    inter_s = read_latency_s(data, "inter_node_latency_us", where, 10e-6)
     nvlink = _gb(section, "nvlink_bandwidth_gb_per_s", field, nvlink_bytes_per_s / GB)
     if nvlink <= 0 and gpus_per_node > 1:
         raise SpecError(f"{field}.nvlink_bandwidth_gb_per_s", None,
@@ -128,7 +128,7 @@ def fabric_from_mapping(
     fields: dict[str, Any] = {
         "num_nodes": num_nodes, "gpus_per_node": gpus_per_node,
         "nvlink_bandwidth_bytes_per_s": nvlink * GB if nvlink > 0 else MIN_LINK_BYTES_PER_S,
-        "nvlink_latency_s": _latency(section, "nvlink_latency_us", field, intra_s),
+        "nvlink_latency_s": read_latency_s(section, "nvlink_latency_us", field, intra_s),
         "levels": parse_levels(section.get("levels"), f"{field}.levels", num_nodes, inter_s),
     }  # fmt: skip
     inline = [g for g in _GROUPS if section.get(g) is not None]
@@ -165,7 +165,7 @@ def parse_levels(
         if not isinstance(name, str) or not name.strip():
             raise SpecError(f"{at}.name", name, "expected a non-empty name (leaf, pod, spine)")
         values: dict[str, Any] = {"name": name, "nodes": nodes, "bandwidth_bytes_per_s": bandwidth * GB,
-                                  "latency_s": _latency(level, "latency_us", at, latency_s)}  # fmt: skip
+                                  "latency_s": read_latency_s(level, "latency_us", at, latency_s)}  # fmt: skip
         # a bandwidth left 0 (need_bandwidth False) is the caller's to fill in
         levels.append(FabricLevel(**values) if bandwidth else FabricLevel.model_construct(**values))
     return tuple(levels)
@@ -333,7 +333,9 @@ def _gb(mapping: dict[str, Any], key: str, field: str, default: float | None) ->
     return float(value)
 
 
-def _latency(mapping: dict[str, Any], key: str, field: str, default: float) -> float:
+def read_latency_s(mapping: dict[str, Any], key: str, field: str, default: float) -> float:
+    """``mapping[key]`` (us) in seconds, ``default`` when absent; a one-line error naming
+    ``field.key`` outside 0 to the largest latency a spec takes."""
     value = mapping.get(key)
     if value is None:
         return default

@@ -33,42 +33,38 @@ from pipette_cp.units import GB
 
 FORMAT = "pipette-cp-plan/2"
 
-#: The keys a document holds beyond the plan's own fields: what each means (units in
-#: the name: _s seconds, _gb GB = 1e9 bytes).  Read back into the plan's evaluation
+#: The keys a document holds beyond the plan's own fields: (type, what it means; units
+#: in the name: _s seconds, _gb GB = 1e9 bytes).  Read back into the plan's evaluation
 #: where one is given; ``layout`` and the per-stage breakdown are reports only.
-DOCUMENT_KEYS: dict[str, str] = {
-    "format": f"Always {FORMAT}.  The tool writes every key below; a plan written by "
-    "hand may leave out the evaluation's (export, plot and explain evaluate it again).",
-    "layout": "The layout in one word (dp, pp, tp, micro-batch and the knobs that differ "
-    "from their defaults); a report, not read back.",
-    "iteration_time_s": "Predicted seconds per training step.",
-    "tokens_per_s": "Tokens per second over the whole job.",
-    "model_tflops_per_gpu": "Model FLOP/s per GPU, in TFLOP/s (no recomputation counted).",
-    "hardware_tflops_per_gpu": "Executed FLOP/s per GPU, in TFLOP/s (recomputation counted).",
-    "mfu": "Model FLOP/s utilisation: model TFLOP/s over the GPU's dense peak (0-1).",
-    "hfu": "Hardware FLOP/s utilisation (0-1).",
-    "memory_gb_per_gpu_max": "Peak memory of the fullest GPU, GB.",
-    "memory_gb_by_stage": "Peak memory per GPU of each pipeline stage, GB.",
-    "memory_bound_gb_by_stage": "The memory estimate's upper bound per stage, GB.",
-    "memory_limit_gb": "Memory a GPU may use: its capacity less the headroom, GB.",
-    "memory_margin_gb": "memory_limit_gb less memory_gb_per_gpu_max, GB (< 0: does not fit).",
-    "fits": "Whether every GPU's peak is within memory_limit_gb.",
-    "breakdown": "The iteration time's parts, seconds (compute, bubble, exposed "
-    "communication, optimizer step, ...).",
-    "predictor": "Which model gave iteration_time_s: analytic or simulator.",
-    "memory_breakdown_gb_by_stage": "Optional (predict): each stage's peak by part, GB.",
-}
-
-#: The type of each of :data:`DOCUMENT_KEYS` (for the plan file's schema).
-_DOCUMENT_TYPES: dict[str, Any] = {
-    "format": Literal["pipette-cp-plan/2"], "layout": str | None,
-    "iteration_time_s": float, "tokens_per_s": float, "model_tflops_per_gpu": float,
-    "hardware_tflops_per_gpu": float, "mfu": float, "hfu": float,
-    "memory_gb_per_gpu_max": float, "memory_gb_by_stage": list[float],
-    "memory_bound_gb_by_stage": list[float], "memory_limit_gb": float,
-    "memory_margin_gb": float, "fits": bool, "breakdown": dict[str, float],
-    "predictor": str, "memory_breakdown_gb_by_stage": list[dict[str, float]] | None,
+_REPORT_KEYS: dict[str, tuple[Any, str]] = {
+    "format": (Literal["pipette-cp-plan/2"], f"Always {FORMAT}.  The tool writes every key "
+               "below; a plan written by hand may leave out the evaluation's (export, plot "
+               "and explain evaluate it again)."),
+    "layout": (str | None, "The layout in one word (dp, pp, tp, micro-batch and the knobs "
+               "that differ from their defaults); a report, not read back."),
+    "iteration_time_s": (float, "Predicted seconds per training step."),
+    "tokens_per_s": (float, "Tokens per second over the whole job."),
+    "model_tflops_per_gpu": (float, "Model FLOP/s per GPU, in TFLOP/s (no recomputation "
+                             "counted)."),
+    "hardware_tflops_per_gpu": (float, "Executed FLOP/s per GPU, in TFLOP/s (recomputation "
+                                "counted)."),
+    "mfu": (float, "Model FLOP/s utilisation: model TFLOP/s over the GPU's dense peak (0-1)."),
+    "hfu": (float, "Hardware FLOP/s utilisation (0-1)."),
+    "memory_gb_per_gpu_max": (float, "Peak memory of the fullest GPU, GB."),
+    "memory_gb_by_stage": (list[float], "Peak memory per GPU of each pipeline stage, GB."),
+    "memory_bound_gb_by_stage": (list[float], "The memory estimate's upper bound per stage, GB."),
+    "memory_limit_gb": (float, "Memory a GPU may use: its capacity less the headroom, GB."),
+    "memory_margin_gb": (float, "memory_limit_gb less memory_gb_per_gpu_max, GB (< 0: does "
+                         "not fit)."),
+    "fits": (bool, "Whether every GPU's peak is within memory_limit_gb."),
+    "breakdown": (dict[str, float], "The iteration time's parts, seconds (compute, bubble, "
+                  "exposed communication, optimizer step, ...)."),
+    "predictor": (str, "Which model gave iteration_time_s: analytic or simulator."),
+    "memory_breakdown_gb_by_stage": (list[dict[str, float]] | None, "Optional (predict): "
+                                     "each stage's peak by part, GB."),
 }  # fmt: skip
+#: What each report key means (the reference page's meaning column).
+DOCUMENT_KEYS: dict[str, str] = {key: text for key, (_, text) in _REPORT_KEYS.items()}
 
 _EVALUATION_GB = {
     "memory_gb_by_stage": "memory_bytes_by_stage",
@@ -143,8 +139,8 @@ def plan_file_model() -> type[BaseModel]:
     """A pydantic model of the plan document: the plan's own fields and :data:`DOCUMENT_KEYS`."""
     plan = {name: (info.annotation, info) for name, info in Plan.model_fields.items()}
     # the tool writes every report key; a plan written by hand may leave them out
-    report = {key: (kind, Field(... if key == "format" else None, description=DOCUMENT_KEYS[key]))
-              for key, kind in _DOCUMENT_TYPES.items()}  # fmt: skip
+    report = {key: (kind, Field(... if key == "format" else None, description=text))
+              for key, (kind, text) in _REPORT_KEYS.items()}  # fmt: skip
     head = ("format", "instance", "layout")
     tail = ("solve_info", "placement")
     order = [*head, *(f for f in _PLAN_FIELDS if f not in head + tail),

@@ -322,6 +322,16 @@ class ClusterSpec(FrozenSpec):
         assert bandwidth is not None
         return float(bandwidth.max()) if bandwidth.size > 1 else 1.0
 
+    def slowest_link_bytes_per_s(self) -> float:
+        """A lower bound on every working GPU pair's bandwidth, bytes/s (the slowest
+        working pair of a matrix; a fabric's bound without building one; 1 for none)."""
+        if self.fabric is not None:
+            return self.fabric.slowest_working_bytes_per_s()
+        bandwidth = self.bandwidth_bytes_per_s
+        assert bandwidth is not None
+        working = bandwidth[bandwidth > 0]
+        return float(working.min()) if working.size else 1.0
+
     def fastest_links_bytes_per_s(self) -> tuple[float, float]:
         """The fastest GPU pair inside a node and between two nodes, bytes/s (0: none;
         the inter-node value falls back to the intra-node one on one node)."""

@@ -316,11 +316,6 @@ def per_byte_worst(data: PlacementData) -> float:
     key = ("group per byte",)
     if key not in data.memo:
         c = data.instance.cluster
-        if c.fabric is not None:  # no matrix to scan: the fabric's own lower bound
-            slowest = c.fabric.slowest_working_bytes_per_s()
-        else:
-            bw = c.bandwidth_bytes_per_s
-            assert bw is not None
-            slowest = float(bw[bw > 0].min()) if (bw > 0).any() else 1.0
+        slowest = c.slowest_link_bytes_per_s()
         data.memo[key] = max(1.0 / slowest, c.gpus_per_node / data.nic_capacity)
     return data.memo[key]
